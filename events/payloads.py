@@ -1,0 +1,250 @@
+"""Every event payload of Stasis, one frozen dataclass each, and the registry of them.
+
+A payload holds only JSON types (str, int, float, bool, lists and dicts of them, None), so
+that ``dataclasses.asdict`` is its wire form and ``schemas/events/<name>.json`` can describe
+it exactly; ``tests/unit/test_schemas.py`` checks the two agree both ways. Times inside
+payloads are RFC 3339 strings; the envelope's own ``time`` is a datetime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+CE_TYPE_PREFIX = "dev.stasis."
+TOPIC_PREFIX = "stasis-"
+WORKSPACE_SEPARATOR = "--"
+
+
+def workspace_id(team: str, name: str) -> str:
+    """The id of a team's workspace. Slugs never contain ``--``, so ids never collide."""
+    return f"{team}{WORKSPACE_SEPARATOR}{name}"
+
+
+@dataclass(frozen=True)
+class WorkspaceRequested:
+    """A user asked for a new workspace (chat, CLI)."""
+
+    team: str
+    owner: str
+    name: str
+    profile: str
+    ide: str = "jupyterlab"
+    environment: str = "python-3-11"
+    reply_to: str | None = None
+
+    @property
+    def workspace_id(self) -> str:
+        return workspace_id(self.team, self.name)
+
+
+@dataclass(frozen=True)
+class WorkspaceReady:
+    """The runtime reports the workspace's server up (after provision or resume)."""
+
+    workspace_id: str
+    url: str
+    runtime_handle: str
+    kernels_restored: int = 0
+    restore_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkspaceRuntimeFailed:
+    """The runtime could not do what it was asked (provision, resume, release, destroy)."""
+
+    workspace_id: str
+    operation: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WorkspacePauseRequested:
+    """Pause this workspace with its running state (user, idle policy, schedule)."""
+
+    workspace_id: str
+    actor: str
+    cause: str = "user"
+
+
+@dataclass(frozen=True)
+class WorkspaceIdleDetected:
+    """Activity signals of one workspace, as seen by the node agent or cluster monitor."""
+
+    workspace_id: str
+    last_activity: str
+    observed_at: str
+    busy_kernels: int = 0
+    connections: int = 0
+    gpu_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotFinished:
+    """A snapshot of a workspace ended, successfully or not."""
+
+    workspace_id: str
+    snapshot_id: str
+    succeeded: bool
+    method: str = "kernel"
+    uri: str | None = None
+    bytes: int = 0
+    duration_ms: int = 0
+    accelerator: str | None = None
+    accelerator_count: int = 0
+    captured: list[str] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkspaceResumeRequested:
+    """Bring a paused workspace back, optionally on another hardware profile."""
+
+    workspace_id: str
+    actor: str
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkspaceDeleteRequested:
+    """Delete a workspace; its home directory survives when ``keep_home`` is set."""
+
+    workspace_id: str
+    actor: str
+    keep_home: bool = False
+
+
+@dataclass(frozen=True)
+class WorkspaceStateChanged:
+    """A workspace moved from one lifecycle state to another (notify, audit)."""
+
+    workspace_id: str
+    team: str
+    owner: str
+    name: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    version: int
+    message: str = ""
+    url: str | None = None
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkCreated:
+    """A revocable link for a coding agent was created (the token itself never travels)."""
+
+    link_id: str
+    workspace_id: str
+    team: str
+    creator: str
+    scope: str
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class LinkRevoked:
+    """A link was revoked; proxies drop it from their caches."""
+
+    link_id: str
+    workspace_id: str
+    actor: str
+
+
+@dataclass(frozen=True)
+class SandboxRequested:
+    """Run a task in an isolated sandbox and return a patch for review."""
+
+    sandbox_id: str
+    team: str
+    requester: str
+    repository: str
+    command: str
+    base_ref: str = "HEAD"
+    limits: dict[str, Any] = field(default_factory=dict)
+    allowed_network: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SandboxFinished:
+    """A sandbox ended; its patch and log are in Cloud Storage."""
+
+    sandbox_id: str
+    succeeded: bool
+    exit_status: int | None = None
+    patch_uri: str | None = None
+    log_uri: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotExpired:
+    """A snapshot passed its retention; its objects are to be deleted."""
+
+    snapshot_id: str
+    workspace_id: str
+    team: str
+    uri: str
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """What the contract says about one event type."""
+
+    name: str
+    payload: type[Any]
+
+    @property
+    def ce_type(self) -> str:
+        return CE_TYPE_PREFIX + self.name
+
+    @property
+    def topic(self) -> str:
+        return TOPIC_PREFIX + self.name.replace(".", "-").replace("_", "-")
+
+    def field_names(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.payload)]
+
+
+CATALOG: dict[str, EventSpec] = {
+    spec.name: spec
+    for spec in (
+        EventSpec("workspace.requested", WorkspaceRequested),
+        EventSpec("workspace.ready", WorkspaceReady),
+        EventSpec("workspace.runtime_failed", WorkspaceRuntimeFailed),
+        EventSpec("workspace.pause_requested", WorkspacePauseRequested),
+        EventSpec("workspace.idle_detected", WorkspaceIdleDetected),
+        EventSpec("snapshot.finished", SnapshotFinished),
+        EventSpec("workspace.resume_requested", WorkspaceResumeRequested),
+        EventSpec("workspace.delete_requested", WorkspaceDeleteRequested),
+        EventSpec("workspace.state_changed", WorkspaceStateChanged),
+        EventSpec("link.created", LinkCreated),
+        EventSpec("link.revoked", LinkRevoked),
+        EventSpec("sandbox.requested", SandboxRequested),
+        EventSpec("sandbox.finished", SandboxFinished),
+        EventSpec("snapshot.expired", SnapshotExpired),
+    )
+}
+
+_BY_PAYLOAD: dict[type[Any], EventSpec] = {spec.payload: spec for spec in CATALOG.values()}
+_BY_CE_TYPE: dict[str, EventSpec] = {spec.ce_type: spec for spec in CATALOG.values()}
+
+
+def spec_for(key: str | type[Any] | object) -> EventSpec:
+    """The spec for an event name (``workspace.ready``), a CloudEvent type
+    (``dev.stasis.workspace.ready``), a payload class or a payload instance.
+
+    Raises KeyError when nothing matches; the codec turns that into UnknownEventType.
+    """
+    if isinstance(key, str):
+        found = CATALOG.get(key) or _BY_CE_TYPE.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+    cls = key if isinstance(key, type) else type(key)
+    return _BY_PAYLOAD[cls]

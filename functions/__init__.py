@@ -1,0 +1,1 @@
+"""The Stasis control plane: small, stateless, idempotent functions driven by events."""

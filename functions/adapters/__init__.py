@@ -1,0 +1,1 @@
+"""The only place SDKs are imported."""

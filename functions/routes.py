@@ -1,0 +1,39 @@
+"""Which function consumes which event, and with which handler.
+
+The single table that main.py, the local stack (push subscriptions) and Terraform (one
+trigger per entry) are derived from. A function name is also its consumer name: the ledger,
+the failure counts and the dead-letter topic are per consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events import spec_for
+from functions.delivery import Handler
+from functions.handlers import lifecycle
+
+
+@dataclass(frozen=True)
+class Route:
+    function: str
+    event: str
+    handler: Handler
+
+    @property
+    def topic(self) -> str:
+        return spec_for(self.event).topic
+
+
+ROUTES: dict[str, Route] = {
+    route.function: route
+    for route in (
+        Route("on_workspace_requested", "workspace.requested", lifecycle.handle),
+        Route("on_workspace_ready", "workspace.ready", lifecycle.handle),
+        Route("on_runtime_failed", "workspace.runtime_failed", lifecycle.handle),
+        Route("on_pause_requested", "workspace.pause_requested", lifecycle.handle),
+        Route("on_snapshot_finished", "snapshot.finished", lifecycle.handle),
+        Route("on_resume_requested", "workspace.resume_requested", lifecycle.handle),
+        Route("on_delete_requested", "workspace.delete_requested", lifecycle.handle),
+    )
+}
