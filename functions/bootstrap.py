@@ -29,6 +29,14 @@ def deliver(function: str, cloud_event: Any) -> None:
     _deliver(cloud_event, route.function, route.event, route.handler, deps())
 
 
+def reconcile(request: Any) -> Any:
+    """Scheduled repair of stuck transitions; answers the plan it carried out as JSON."""
+    from functions.handlers.reconciler import reconcile as run
+    from functions.handlers.reconciler import summary
+
+    return {"repairs": summary(run(deps(), fix=request.args.get("dry_run") is None))}
+
+
 def project() -> str:
     return os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or \
         "stasis-local"

@@ -42,3 +42,8 @@ def on_resume_requested(cloud_event):  # type: ignore[no-untyped-def]
 @functions_framework.cloud_event
 def on_delete_requested(cloud_event):  # type: ignore[no-untyped-def]
     bootstrap.deliver("on_delete_requested", cloud_event)
+
+
+@functions_framework.http
+def reconcile(request):  # type: ignore[no-untyped-def]
+    return bootstrap.reconcile(request)

@@ -37,3 +37,6 @@ ROUTES: dict[str, Route] = {
         Route("on_delete_requested", "workspace.delete_requested", lifecycle.handle),
     )
 }
+
+#: HTTP functions (Cloud Scheduler, chat, dashboard, proxy), by name.
+HTTP_FUNCTIONS: tuple[str, ...] = ("reconcile",)

@@ -19,7 +19,7 @@ import functions_framework
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.wrappers import Response
 
-from functions.routes import ROUTES
+from functions.routes import HTTP_FUNCTIONS, ROUTES
 
 MAIN = Path(__file__).resolve().parent.parent / "functions" / "main.py"
 
@@ -29,12 +29,12 @@ def _health(environ: dict[str, Any], start_response: Any) -> Any:
 
 
 def create_app() -> DispatcherMiddleware:
-    mounts = {
-        f"/{name}": functions_framework.create_app(
-            target=name, source=str(MAIN), signature_type="cloudevent"
-        )
-        for name in ROUTES
-    }
+    mounts = {f"/{name}": functions_framework.create_app(target=name, source=str(MAIN),
+                                                          signature_type="cloudevent")
+              for name in ROUTES}
+    mounts.update({f"/{name}": functions_framework.create_app(target=name, source=str(MAIN),
+                                                               signature_type="http")
+                   for name in HTTP_FUNCTIONS})
     return DispatcherMiddleware(_health, mounts)
 
 

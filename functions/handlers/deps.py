@@ -18,6 +18,9 @@ class Store(Protocol):
 
     def get_workspace(self, workspace_id: str) -> Any: ...
 
+    def list_workspaces(self, *, team: str | None = None, states: Any = None,
+                        limit: int = 500) -> list[Any]: ...
+
     def count_failure(self, message_id: str, consumer: str, reason: str,
                       now: datetime) -> int: ...
 

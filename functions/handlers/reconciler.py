@@ -1,0 +1,45 @@
+"""The reconciler: repairs stuck transitions and processes that outlived their state.
+
+Runs on a schedule (Cloud Scheduler -> the ``reconcile`` function) and on demand
+(``stasis reconcile``). Reads the workspaces in transition or at rest with a possible
+process, asks the runtime what it runs, and acts on the pure plan of
+functions.domain.reconcile: repairs are published as events, orphans are released.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from events import new_event
+from functions.domain.lifecycle import State
+from functions.domain.reconcile import Plan, RuntimeView, plan
+from functions.handlers.deps import Deps
+
+log = logging.getLogger(__name__)
+SOURCE = "//stasis/functions/reconciler"
+_WATCHED = [State.PROVISIONING, State.PAUSING, State.RESUMING, State.DELETING, State.PAUSED,
+            State.FAILED, State.RUNNING]
+
+
+def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
+    workspaces = deps.store.list_workspaces(states=_WATCHED)
+    runtime = {s.workspace_id: RuntimeView(s.running, s.operation)
+               for s in deps.runtime.list()}
+    result = plan(workspaces, runtime, deps.clock())
+    if not fix:
+        return result
+    for repair in result.repairs:
+        log.warning("reconcile %s: %s", repair.workspace_id, repair.why)
+        if repair.release:
+            deps.runtime.release(repair.workspace_id)
+        if repair.event is not None:
+            deps.bus.publish(new_event(repair.event, source=SOURCE, id=repair.event_id,
+                                       requestid=repair.event_id))
+    return result
+
+
+def summary(result: Plan) -> list[dict[str, Any]]:
+    return [{"workspace_id": r.workspace_id, "why": r.why,
+             "action": "release" if r.release else (type(r.event).__name__ if r.event else "")}
+            for r in result.repairs]
