@@ -102,7 +102,8 @@ def from_http(headers: Mapping[str, str], body: bytes) -> Event[Any]:
     """Decode an HTTP CloudEvent (either mode); anything else raises InvalidEvent."""
     try:
         cloudevent = _ce_from_http(dict(headers), body)
-    except _CloudEventError as exc:
+    except (_CloudEventError, RecursionError) as exc:
+        # RecursionError: a structured body nested too deep for json.loads.
         raise InvalidEvent(f"not a CloudEvent: {exc}") from None
     return from_cloudevent(cloudevent)
 
@@ -177,7 +178,8 @@ def _default_subject(payload: Any) -> str:
 def _json(data: bytes, type_: str) -> Any:
     try:
         return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: nested too deep to parse; permanent, so dead-letter, never retry.
         raise InvalidEvent(f"{type_}: data is not JSON ({exc})") from None
 
 

@@ -7,21 +7,43 @@ read them); this module is the one place Python checks data against them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, ValidationError, validators
+from jsonschema.protocols import Validator
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
 
 @cache
-def _validator(relative: str) -> Draft202012Validator:
+def _ecma_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as JSON Schema (ECMA-262) reads it: ``$`` is the end of the string.
+
+    Python's ``$`` also matches before a final newline, so jsonschema's own check lets
+    "ml-a--ws\\n" pass "^...$". Our patterns use ``$`` only as an unescaped anchor.
+    """
+    return re.compile(re.sub(r"(?<!\\)\$", r"\\Z", pattern))
+
+
+def _pattern(validator: Validator, pattern: str, instance: Any,
+             schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_StrictPatterns = validators.extend(Draft202012Validator, {"pattern": _pattern})
+
+
+@cache
+def _validator(relative: str) -> Validator:
     schema = json.loads((SCHEMA_DIR / relative).read_text())
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    validator: Validator = _StrictPatterns(schema)
+    return validator
 
 
 def event_schema(name: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ never changed by an event that should not change it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -235,15 +236,34 @@ def decide(workspace: Workspace | None, event: Signal, now: datetime) -> Decisio
 def refuse_admission(
     workspace: Workspace | None, request: WorkspaceRequested, message: str, now: datetime
 ) -> Decision:
-    """A request the catalog or the quota refused: recorded as FAILED, holding nothing."""
-    base = workspace or _new_workspace(request, now)
-    failed = _move(base, State.FAILED, Reason.ADMISSION_REFUSED, now, message=message)
+    """A request the catalog or the quota refused: recorded as FAILED, holding nothing.
+
+    The document is the request's (owner, profile, reply_to: the refusal goes to whoever
+    asked), not the DELETED or FAILED one it replaces, whose snapshot is gone or kept
+    elsewhere; only the version continues, so event ids derived from it stay unique.
+    """
+    fresh = _new_workspace(request, now)
+    failed = _move(fresh, State.FAILED, Reason.ADMISSION_REFUSED, now, message=message,
+                   version=_version(workspace))
     return Decision(True, Reason.ADMISSION_REFUSED, failed, (), message, _state(workspace))
 
 
+#: ``schemas/events/snapshot.finished.json``: snapshot ids match ^[a-z0-9][a-z0-9-]{0,80}$.
+_SNAPSHOT_ID_MAX = 81
+
+
 def snapshot_id_for(workspace: Workspace) -> str:
-    """Deterministic, so a retried pause names the same snapshot."""
-    return f"{workspace.id}-v{workspace.version + 1}"
+    """Deterministic, so a retried pause names the same snapshot.
+
+    ``<workspace id>-v<version>``; an id too long for the contract keeps a prefix and
+    adds a digest of the whole id, so it stays deterministic and distinct.
+    """
+    suffix = f"-v{workspace.version + 1}"
+    if len(workspace.id) + len(suffix) <= _SNAPSHOT_ID_MAX:
+        return workspace.id + suffix
+    digest = hashlib.sha256(workspace.id.encode()).hexdigest()[:12]
+    prefix = workspace.id[:_SNAPSHOT_ID_MAX - len(suffix) - len(digest) - 1]
+    return f"{prefix}-{digest}{suffix}"
 
 
 def _on_requested(ws: Workspace | None, event: WorkspaceRequested, now: datetime) -> Decision:

@@ -71,6 +71,7 @@ def apply(event: Event[Any], signal: Signal, deps: Deps, consumer: str) -> Decis
         return (decision.workspace if decision.accepted else None,
                 _outbox(decision, event), decision)
 
+    _release_before_pause_commits(signal, deps, now)
     result = deps.store.transition(event, consumer, ws_id, decide_in_tx, team=team_id, now=now)
     _send(result.ledger.outbox, deps, event)
     if result.ledger.status == "pending":
@@ -93,6 +94,19 @@ def _check_request(view: TxView, decision: Decision, catalog: Any,
                              decision.workspace.environment,
                              state_message="; ".join(check.notices))
     return dataclasses.replace(decision, workspace=ws, message=ws.state_message)
+
+
+def _release_before_pause_commits(signal: Signal, deps: Deps, now: datetime) -> None:
+    """PAUSED promises the hardware is free: stop the server before the state says so.
+
+    Decided on a plain read first; the transaction decides again, and if it refuses (a
+    concurrent delete won), the release was still right: the workspace was not to run.
+    """
+    if not (isinstance(signal, SnapshotFinished) and signal.succeeded):
+        return
+    preview = decide(deps.store.get_workspace(signal.workspace_id), signal, now)
+    if preview.accepted and any(isinstance(c, Release) for c in preview.commands):
+        deps.runtime.release(signal.workspace_id)
 
 
 def _charge(view: TxView, decision: Decision, catalog: Any,

@@ -112,3 +112,9 @@ def start_stack(tmp: Path, runtime: str) -> Iterator[Stack]:
 def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The control plane with the null runtime (workspaces are ready at once)."""
     yield from start_stack(tmp_path_factory.mktemp("stack"), "null")
+
+
+@pytest.fixture(scope="module")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole local stack with the local runtime: real jupyter-servers and kernels."""
+    yield from start_stack(tmp_path_factory.mktemp("stack"), "local")

@@ -1,0 +1,10 @@
+"""What runs next to the workspaces, not in the control plane.
+
+- ``runtime.local``: the node agent that supervises real Jupyter servers on this host.
+- ``runtime.snapshot``: the kernel-state snapshot agent (capture a live kernel's user
+  namespace to Cloud Storage, restore it into a new kernel), shared by the node agent and
+  the Kubernetes sidecar.
+
+Code here may do I/O and import SDKs (jupyter_client, google-cloud-storage); the control
+plane talks to it only through the runtime port.
+"""

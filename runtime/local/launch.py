@@ -1,0 +1,54 @@
+"""Exec trampoline: apply a workspace's limits to this process, then become its server.
+
+    python -m runtime.local.launch [--memory-bytes N] [--cpus 0,1] -- ARGV...
+
+Limits set here are inherited by everything the server starts (kernels, terminals,
+their children), which is the point. Why a trampoline and not a ``preexec_fn``: the agent
+is multi-threaded (HTTP threads, operation threads, the gRPC threads of the Pub/Sub
+client), and Python code between ``fork`` and ``exec`` in a threaded process can deadlock
+on a lock another thread held at fork time. Here the limits are set in a fresh
+single-threaded interpreter that then ``exec``s, keeping its pid, so the agent's record of
+the server stays true.
+
+Memory is held with ``RLIMIT_DATA`` (private writable memory: the heap and anonymous
+mappings), not ``RLIMIT_AS``: address-space limits count every thread's reserved stack and
+allocator arenas, and a kernel under a 1 GiB ``RLIMIT_AS`` cannot even start the threads
+ipykernel and OpenBLAS need, while under ``RLIMIT_DATA`` normal work runs and an
+allocation beyond the limit raises ``MemoryError`` in the kernel, which survives it. Both
+soft and hard limits are set, so the workspace cannot raise them. The limit is per
+process (a cgroup would hold the total; rlimits are what an unprivileged agent has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+
+
+def apply_limits(memory_bytes: int | None, cpus: list[int] | None) -> None:
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runtime.local.launch")
+    parser.add_argument("--memory-bytes", type=int, default=None)
+    parser.add_argument("--cpus", default="", help="comma-separated CPU ids")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command to run after --")
+    cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
+    apply_limits(args.memory_bytes, cpus)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

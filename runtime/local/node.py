@@ -1,0 +1,860 @@
+"""``NodeAgent``: the operations of the local runtime, behind the HTTP layer.
+
+Synchronous operations (``release``, ``destroy``, the reads) finish before they return.
+Asynchronous ones (``provision``, ``snapshot``, ``restore``) are checked and recorded in
+the state file, then run on a thread of their own, and report their outcome as an event:
+workspace.ready, workspace.runtime_failed or snapshot.finished. The request's
+``requestid`` is carried on that event.
+
+Concurrency, per workspace: at most one asynchronous operation is in flight (a second one
+is answered "busy", a repeat of the same one is accepted again and changes nothing).
+``release`` and ``destroy`` always win: they withdraw the operation and stop the server;
+the operation's thread notices at its next step, cleans up what it started and, for a
+snapshot, reports the failure (the control plane waits for that one).
+
+Crash recovery (``start``): servers run in their own process groups and outlive the
+agent. A restarted agent adopts every recorded server that is still the process it started,
+forgets the dead ones, and finishes off interrupted operations: a snapshot is reported
+failed ("node agent restarted during the snapshot") once its kernels stopped writing, and
+its partial objects are deleted; an interrupted resume is stopped and reported failed; an
+interrupted provision whose server is alive is waited for and reported ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from events import (
+    SnapshotFinished,
+    WorkspaceReady,
+    WorkspaceRuntimeFailed,
+    new_event,
+)
+from runtime.local import servers, snapshots
+from runtime.local.host import (
+    ProfileError,
+    available_cpus,
+    detect_capabilities,
+    limits_for,
+    refusal,
+    wanted_accelerators,
+)
+from runtime.local.jupyter import CodeServerClient, JupyterClient, JupyterError
+from runtime.local.publisher import Publisher
+from runtime.local.servers import ServerError, ServerLaunch, ServerProcess, ServerStartError
+from runtime.local.settings import AgentSettings
+from runtime.local.snapshots import Engine, SnapshotFailed
+from runtime.local.state import AgentLock, Operation, StateFile, WorkspaceRecord
+
+log = logging.getLogger(__name__)
+
+WORKSPACE_ID = re.compile(r"^[a-z](-?[a-z0-9]){1,39}--[a-z](-?[a-z0-9]){1,39}$")
+SNAPSHOT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,80}$")
+SPEC_FIELDS = (
+    "workspace_id",
+    "team",
+    "owner",
+    "name",
+    "ide",
+    "environment",
+    "profile",
+    "snapshot_bucket",
+    "snapshot_prefix",
+    "requestid",
+)
+RESTARTED_DURING_SNAPSHOT = "node agent restarted during the snapshot"
+_BIND_RACE = ("already in use", "address in use")
+_START_ATTEMPTS = 3
+# After the deadline a kernel's capture was given, plus this, it no longer writes.
+_DEADLINE_SLACK = 5.0
+
+
+class AgentError(Exception):
+    """An operation the agent will not do; ``status`` is its HTTP status."""
+
+    status = 500
+
+
+class BadRequest(AgentError):
+    status = 400
+
+
+class NotFound(AgentError):
+    status = 404
+
+
+class Refused(AgentError):
+    """Permanent: retrying will not help (hardware the host lacks, wrong state)."""
+
+    status = 409
+
+
+class Busy(AgentError):
+    """Temporary: another operation on the workspace is in flight; retry later."""
+
+    status = 503
+
+
+class _Cancelled(Exception):
+    """The operation was withdrawn by a release or destroy."""
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        publisher: Publisher,
+        *,
+        engine: Engine | None = None,
+        capabilities: Mapping[str, Any] | None = None,
+        base_env: Mapping[str, str] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self._engine = engine
+        self._capabilities = dict(capabilities) if capabilities is not None else None
+        self._base_env = dict(base_env) if base_env is not None else None
+        self._clock = clock
+        self._state = StateFile(settings.state_path)
+        self._lock_file = AgentLock(settings.lock_path)
+        self._lock = threading.RLock()
+        self._ws_locks: dict[str, threading.Lock] = {}
+        self._records: dict[str, WorkspaceRecord] = {}
+        self._threads: list[threading.Thread] = []
+        self._timers: list[threading.Timer] = []
+        self._started = False
+
+    # -- life of the agent ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the data dir's lock, adopt surviving servers, recover interrupted
+        operations. Raises AgentLockError if another agent serves the data dir."""
+        self._lock_file.acquire()
+        self.settings.homes_dir.mkdir(parents=True, exist_ok=True)
+        self._started = True
+        self.recover()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving; servers keep running (a later agent adopts them)."""
+        self.wait_idle(timeout)
+        with self._lock:
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+        self._lock_file.release()
+        self._started = False
+
+    def wait_idle(self, timeout: float = 120.0) -> bool:
+        """Wait for every operation thread to end (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                threads = [t for t in self._threads if t.is_alive()]
+                self._threads = threads
+            if not threads:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            threads[0].join(remaining)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = snapshots.default_engine()
+        return self._engine
+
+    def capabilities(self) -> dict[str, Any]:
+        if self._capabilities is None:
+            self._capabilities = detect_capabilities()
+        return dict(self._capabilities)
+
+    def recover(self) -> None:
+        """Adopt the recorded servers still alive, forget dead ones, finish off the
+        operations a crash interrupted (each on its own thread)."""
+        with self._lock:
+            self._records = self._state.load()
+            for record in self._records.values():
+                self._recover(record)
+            self._save()
+
+    def _recover(self, record: WorkspaceRecord) -> None:
+        server = record.server
+        alive = server is not None and server.is_alive()
+        if server is not None and not alive:
+            log.info("%s: server pid %d is gone, forgetting it", record.workspace_id, server.pid)
+            record.server = None
+        elif server is not None:
+            log.info(
+                "%s: adopted server pid %d on port %d", record.workspace_id, server.pid, server.port
+            )
+        operation = record.operation
+        if operation is None:
+            return
+        if operation.kind == "snapshot":
+            self._spawn(record.workspace_id, self._abandon_snapshot, record, operation)
+        elif operation.kind == "provision" and alive and server is not None:
+            self._spawn(record.workspace_id, self._finish_provision, record, operation, server)
+        else:
+            record.operation = None
+            self._spawn(
+                record.workspace_id,
+                self._abandon_start,
+                record,
+                operation,
+                server if alive else None,
+            )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self._describe(r) for _, r in sorted(self._records.items())]
+
+    def status(self, workspace_id: str) -> dict[str, Any]:
+        _check_id(workspace_id)
+        with self._lock:
+            record = self._records.get(workspace_id)
+            if record is None:
+                raise NotFound(f"workspace {workspace_id} is not known on this node")
+            return self._describe(record)
+
+    def activity(self, workspace_id: str) -> dict[str, Any]:
+        """Activity signals for the idle policy: the server's last activity, how many
+        kernels are busy, how many clients are connected."""
+        server = self._running_server(workspace_id)
+        with _client(server, timeout=10) as client:
+            try:
+                status = client.status()
+                kernels = client.kernels()
+            except JupyterError as exc:
+                raise Busy(f"workspace {workspace_id}: {exc}") from exc
+        return {
+            "workspace_id": workspace_id,
+            "last_activity": status.get("last_activity"),
+            "started": status.get("started"),
+            "busy_kernels": sum(1 for k in kernels if k.get("execution_state") == "busy"),
+            "kernels": len(kernels),
+            "connections": int(status.get("connections") or 0),
+            "observed_at": self._clock().isoformat(),
+        }
+
+    # -- provision -----------------------------------------------------------------------
+
+    def provision(self, workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        spec = parse_spec(workspace_id, body)
+        self._admit(spec)
+        with self._workspace_lock(workspace_id):
+            record = self._records.get(workspace_id)
+            if record is not None and record.operation is not None:
+                if record.operation.kind in ("provision", "restore"):
+                    return self._accepted(record, "already starting")
+                if record.server is not None and record.server.is_alive():
+                    self._spawn(workspace_id, self._publish_ready, record, spec["requestid"])
+                    return self._accepted(record, "already running")
+            if record is not None and record.server is not None:
+                if record.server.is_alive():
+                    self._spawn(workspace_id, self._publish_ready, record, spec["requestid"])
+                    return self._accepted(record, "already running")
+                record.server = None
+            launch = self._launch(spec)
+            operation = Operation("provision", spec["requestid"], time.time())
+            with self._lock:
+                if record is None:
+                    record = WorkspaceRecord(workspace_id, home=str(launch.home))
+                    self._records[workspace_id] = record
+                record.spec = dict(spec)
+                record.operation = operation
+                record.restored_from = None
+                record.kernels_restored = 0
+                record.restore_ms = None
+                self._save()
+            self._spawn(workspace_id, self._run_provision, record, operation, launch)
+            return self._accepted(record, "starting")
+
+    def _run_provision(
+        self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
+    ) -> None:
+        try:
+            server = self._start_server(record, operation, launch)
+        except _Cancelled:
+            log.info("%s: provision withdrawn", record.workspace_id)
+            return
+        except (ServerError, OSError) as exc:
+            self._end(record, operation, server_gone=True)
+            self._publish(
+                WorkspaceRuntimeFailed(
+                    record.workspace_id, "provision", f"the server did not start: {exc}"
+                ),
+                operation.requestid,
+            )
+            return
+        if self._end(record, operation):
+            self._publish(
+                WorkspaceReady(record.workspace_id, server.url, server.handle), operation.requestid
+            )
+
+    def _finish_provision(
+        self, record: WorkspaceRecord, operation: Operation, server: ServerProcess
+    ) -> None:
+        """After a restart: the provision's server survived; wait for it and report."""
+        try:
+            servers.wait_ready(server, timeout=self.settings.start_timeout)
+        except ServerError as exc:
+            self._end(record, operation, server_gone=True)
+            self._publish(
+                WorkspaceRuntimeFailed(
+                    record.workspace_id, "provision", f"the server did not start: {exc}"
+                ),
+                operation.requestid,
+            )
+            return
+        if self._end(record, operation):
+            self._publish(
+                WorkspaceReady(record.workspace_id, server.url, server.handle), operation.requestid
+            )
+
+    def _abandon_start(
+        self, record: WorkspaceRecord, operation: Operation, server: ServerProcess | None
+    ) -> None:
+        """After a restart: a provision whose server died, or a resume (whose kernels
+        cannot be trusted half-restored). Stop what is left and report the failure."""
+        if server is not None and operation.kind == "restore":
+            with contextlib.suppress(ServerError):
+                servers.stop(server, grace=self.settings.stop_grace)
+            with self._lock:
+                if record.server is server:
+                    record.server = None
+                    self._save()
+        kind = "resume" if operation.kind == "restore" else operation.kind
+        self._publish(
+            WorkspaceRuntimeFailed(
+                record.workspace_id, kind, f"node agent restarted during the {kind}"
+            ),
+            operation.requestid,
+        )
+
+    # -- snapshot ------------------------------------------------------------------------
+
+    def snapshot(self, workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        _check_id(workspace_id)
+        snapshot_id = _snapshot_id(body)
+        bucket = _required_str(body, "bucket")
+        prefix = _required_str(body, "prefix").strip("/")
+        requestid = _required_str(body, "requestid")
+        with self._workspace_lock(workspace_id):
+            record = self._records.get(workspace_id)
+            if record is None or record.server is None or not record.server.is_alive():
+                raise Refused(f"workspace {workspace_id} is not running on this node")
+            current = record.operation
+            if current is not None:
+                if current.kind == "snapshot" and current.snapshot_id == snapshot_id:
+                    return self._accepted(record, "snapshot already in progress")
+                raise Busy(f"workspace {workspace_id} is busy: {_describe_op(current)}")
+            operation = Operation(
+                "snapshot",
+                requestid,
+                time.time(),
+                snapshot_id=snapshot_id,
+                bucket=bucket,
+                prefix=prefix,
+            )
+            with self._lock:
+                record.operation = operation
+                self._save()
+            self._spawn(workspace_id, self._run_snapshot, record, operation, record.server)
+            return self._accepted(record, "snapshot started")
+
+    def _run_snapshot(
+        self, record: WorkspaceRecord, operation: Operation, server: ServerProcess
+    ) -> None:
+        assert operation.snapshot_id and operation.bucket and operation.prefix is not None
+        began = time.monotonic()
+        accelerator, count = _accelerator(record.spec)
+        try:
+            with _client(server) as client:
+                outcome = snapshots.take_snapshot(
+                    client,
+                    self.settings.runtime_dir(record.workspace_id),
+                    engine=self.engine,
+                    workspace_id=record.workspace_id,
+                    snapshot_id=operation.snapshot_id,
+                    bucket=operation.bucket,
+                    prefix=operation.prefix,
+                    timeout=self.settings.kernel_timeout,
+                    now=self._clock,
+                )
+            payload = SnapshotFinished(
+                workspace_id=record.workspace_id,
+                snapshot_id=operation.snapshot_id,
+                succeeded=True,
+                method="kernel",
+                uri=outcome.uri,
+                bytes=outcome.bytes,
+                duration_ms=outcome.duration_ms,
+                accelerator=accelerator,
+                accelerator_count=count,
+                captured=outcome.captured,
+                skipped=outcome.skipped,
+            )
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, SnapshotFailed) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, SnapshotFailed):
+                log.exception("%s: snapshot %s failed", record.workspace_id, operation.snapshot_id)
+            with self._lock:
+                withdrawn = record.operation is not operation
+            if withdrawn:
+                reason = f"the workspace was released during the snapshot ({reason})"
+            payload = SnapshotFinished(
+                workspace_id=record.workspace_id,
+                snapshot_id=operation.snapshot_id,
+                succeeded=False,
+                method="kernel",
+                accelerator=accelerator,
+                accelerator_count=count,
+                error=reason,
+                duration_ms=int((time.monotonic() - began) * 1000),
+            )
+        self._end(record, operation)
+        self._publish(payload, operation.requestid)
+
+    def _abandon_snapshot(self, record: WorkspaceRecord, operation: Operation) -> None:
+        """After a restart: the snapshot's driver died with the old agent. Wait until the
+        kernels stopped writing (a capture in the kernel runs on without its driver, until
+        the deadline it was given), delete the partial objects, then report the failure.
+        Until that deadline a capture queued behind a long user cell could still start, so
+        the prefix is swept once more when it has passed."""
+        assert operation.snapshot_id and operation.bucket and operation.prefix is not None
+        bucket, prefix = operation.bucket, operation.prefix
+        deadline = operation.started_at + self.settings.kernel_timeout + _DEADLINE_SLACK
+        server = record.server
+        if server is not None and server.is_alive():
+            with _client(server, timeout=10) as client:
+                snapshots.wait_kernels_idle(client, None, max(0.0, deadline - time.time()))
+        snapshots.discard_partial(self.engine, bucket, prefix)
+        if time.time() < deadline:
+            sweep = threading.Timer(
+                deadline - time.time(), snapshots.discard_partial, (self.engine, bucket, prefix)
+            )
+            sweep.daemon = True
+            with self._lock:
+                self._timers.append(sweep)
+            sweep.start()
+        self._end(record, operation)
+        accelerator, count = _accelerator(record.spec)
+        self._publish(
+            SnapshotFinished(
+                workspace_id=record.workspace_id,
+                snapshot_id=operation.snapshot_id,
+                succeeded=False,
+                method="kernel",
+                accelerator=accelerator,
+                accelerator_count=count,
+                error=RESTARTED_DURING_SNAPSHOT,
+            ),
+            operation.requestid,
+        )
+
+    # -- restore -------------------------------------------------------------------------
+
+    def restore(self, workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        _check_id(workspace_id)
+        snapshot_id = _snapshot_id(body)
+        bucket = _required_str(body, "bucket")
+        prefix = _required_str(body, "prefix").strip("/")
+        raw_spec = body.get("spec")
+        if not isinstance(raw_spec, Mapping):
+            raise BadRequest("spec must be the workspace's spec (an object)")
+        spec = parse_spec(workspace_id, raw_spec)
+        requestid = str(body.get("requestid") or spec["requestid"])
+        self._admit(spec)
+        with self._workspace_lock(workspace_id):
+            record = self._records.get(workspace_id)
+            current = record.operation if record is not None else None
+            if record is not None and current is not None:
+                if current.kind == "restore" and current.snapshot_id == snapshot_id:
+                    return self._accepted(record, "restore already in progress")
+                raise Busy(f"workspace {workspace_id} is busy: {_describe_op(current)}")
+            if record is not None and record.server is not None:
+                if record.server.is_alive():
+                    if record.restored_from == snapshot_id:
+                        self._spawn(workspace_id, self._publish_ready, record, requestid)
+                        return self._accepted(record, "already restored")
+                    raise Refused(
+                        f"workspace {workspace_id} is running; release it before "
+                        f"restoring snapshot {snapshot_id}"
+                    )
+                record.server = None
+            launch = self._launch(spec)
+            operation = Operation(
+                "restore",
+                requestid,
+                time.time(),
+                snapshot_id=snapshot_id,
+                bucket=bucket,
+                prefix=prefix,
+            )
+            with self._lock:
+                if record is None:
+                    record = WorkspaceRecord(workspace_id, home=str(launch.home))
+                    self._records[workspace_id] = record
+                record.spec = dict(spec)
+                record.operation = operation
+                record.restored_from = None
+                self._save()
+            self._spawn(workspace_id, self._run_restore, record, operation, launch)
+            return self._accepted(record, "restore started")
+
+    def _run_restore(
+        self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
+    ) -> None:
+        assert operation.snapshot_id and operation.bucket and operation.prefix is not None
+        began = time.monotonic()
+        server: ServerProcess | None = None
+        try:
+            try:
+                manifest = self.engine.read_manifest(operation.bucket, operation.prefix)
+            except Exception as exc:
+                uri = snapshots.snapshot_uri(operation.bucket, operation.prefix)
+                raise SnapshotFailed(
+                    f"cannot read snapshot {operation.snapshot_id} ({uri}): "
+                    f"{snapshots.reason_of(exc)}"
+                ) from exc
+            server = self._start_server(record, operation, launch)
+            with _client(server) as client:
+                outcome = snapshots.restore_snapshot(
+                    client,
+                    launch.runtime_dir,
+                    manifest,
+                    engine=self.engine,
+                    bucket=operation.bucket,
+                    timeout=self.settings.kernel_timeout,
+                )
+        except _Cancelled:
+            log.info("%s: restore withdrawn", record.workspace_id)
+            return
+        except Exception as exc:
+            if not isinstance(exc, SnapshotFailed | ServerError):
+                log.exception(
+                    "%s: restore of %s failed", record.workspace_id, operation.snapshot_id
+                )
+            reason = (
+                str(exc)
+                if isinstance(exc, SnapshotFailed | ServerError)
+                else f"{type(exc).__name__}: {exc}"
+            )
+            if server is not None:
+                with contextlib.suppress(ServerError):
+                    servers.stop(server, grace=self.settings.stop_grace)
+            if self._end(record, operation, server_gone=True):
+                self._publish(
+                    WorkspaceRuntimeFailed(record.workspace_id, "resume", reason),
+                    operation.requestid,
+                )
+            return
+        restore_ms = int((time.monotonic() - began) * 1000)
+        with self._lock:
+            if record.operation is not operation:
+                return
+            record.restored_from = operation.snapshot_id
+            record.kernels_restored = outcome.kernels_restored
+            record.restore_ms = restore_ms
+        if self._end(record, operation):
+            self._publish(
+                WorkspaceReady(
+                    record.workspace_id,
+                    server.url,
+                    server.handle,
+                    kernels_restored=outcome.kernels_restored,
+                    restore_ms=restore_ms,
+                ),
+                operation.requestid,
+            )
+
+    # -- release and destroy -------------------------------------------------------------
+
+    def release(self, workspace_id: str) -> dict[str, Any]:
+        """Stop the server and its kernels; the home stays. Idempotent."""
+        _check_id(workspace_id)
+        with self._workspace_lock(workspace_id):
+            record = self._records.get(workspace_id)
+            if record is None:
+                return {"workspace_id": workspace_id, "released": False, "known": False}
+            self._stop(record)
+            return {"workspace_id": workspace_id, "released": True, "known": True}
+
+    def destroy(self, workspace_id: str, *, keep_home: bool) -> dict[str, Any]:
+        """Stop, delete the home unless ``keep_home``, forget the workspace. Idempotent:
+        a home kept by an earlier destroy is deleted by a later one without it."""
+        _check_id(workspace_id)
+        with self._workspace_lock(workspace_id):
+            record = self._records.get(workspace_id)
+            if record is not None:
+                self._stop(record)
+                with self._lock:
+                    self._records.pop(workspace_id, None)
+                    self._save()
+            shutil.rmtree(self.settings.runtime_dir(workspace_id), ignore_errors=True)
+            home = self.settings.home(workspace_id)
+            if not keep_home and home.exists():
+                shutil.rmtree(home)
+            return {
+                "workspace_id": workspace_id,
+                "known": record is not None,
+                "home_kept": keep_home and home.exists(),
+            }
+
+    def _stop(self, record: WorkspaceRecord) -> None:
+        with self._lock:
+            server = record.server
+            record.operation = None  # withdraws any operation in flight
+            self._save()
+        if server is not None:
+            servers.stop(server, grace=self.settings.stop_grace)
+        with self._lock:
+            if record.server is server:
+                record.server = None
+            record.restored_from = None
+            self._save()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _admit(self, spec: Mapping[str, Any]) -> None:
+        why = refusal(spec["profile"], spec["ide"], self.capabilities())
+        if why is not None:
+            raise Refused(why)
+
+    def _launch(self, spec: Mapping[str, Any]) -> ServerLaunch:
+        workspace_id = spec["workspace_id"]
+        try:
+            python = servers.resolve_python(spec["environment"])
+            limits = limits_for(spec["profile"], available_cpus())
+        except (ServerError, ProfileError) as exc:
+            raise Refused(str(exc)) from exc
+        return ServerLaunch(
+            workspace_id=workspace_id,
+            home=self.settings.home(workspace_id),
+            runtime_dir=self.settings.runtime_dir(workspace_id),
+            log_path=self.settings.log_path(workspace_id),
+            repo_root=self.settings.repo_root,
+            python=python,
+            limits=limits,
+            ide=spec["ide"],
+            **({"base_env": self._base_env} if self._base_env is not None else {}),
+        )
+
+    def _start_server(
+        self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
+    ) -> ServerProcess:
+        """Spawn (recorded at once, so a release or a crash can find it), then wait until
+        it answers. Raises _Cancelled when the operation was withdrawn meanwhile."""
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            with self._lock:
+                if record.operation is not operation:
+                    raise _Cancelled()
+            server = servers.spawn(launch)
+            with self._lock:
+                if record.operation is not operation:
+                    withdrawn = True
+                else:
+                    withdrawn = False
+                    record.server = server
+                    self._save()
+            if withdrawn:
+                servers.stop(server, grace=self.settings.stop_grace)
+                raise _Cancelled()
+            try:
+                seconds = servers.wait_ready(server, timeout=self.settings.start_timeout)
+            except ServerStartError as exc:
+                with self._lock:
+                    if record.server is server:
+                        record.server = None
+                        self._save()
+                    if record.operation is not operation:
+                        raise _Cancelled() from exc
+                if attempt < _START_ATTEMPTS and any(w in str(exc).lower() for w in _BIND_RACE):
+                    continue
+                raise
+            log.info(
+                "%s: server pid %d ready on port %d in %.2fs",
+                record.workspace_id,
+                server.pid,
+                server.port,
+                seconds,
+            )
+            return server
+        raise AssertionError("unreachable")
+
+    def _end(
+        self, record: WorkspaceRecord, operation: Operation, *, server_gone: bool = False
+    ) -> bool:
+        """Clear the operation if it is still the current one; False if it was withdrawn."""
+        with self._lock:
+            if record.operation is not operation:
+                return False
+            record.operation = None
+            if server_gone:
+                record.server = None
+            self._save()
+            return True
+
+    def _publish_ready(self, record: WorkspaceRecord, requestid: str) -> None:
+        server = record.server
+        if server is None:
+            return
+        self._publish(
+            WorkspaceReady(
+                record.workspace_id,
+                server.url,
+                server.handle,
+                kernels_restored=record.kernels_restored,
+                restore_ms=record.restore_ms,
+            ),
+            requestid,
+        )
+
+    def _publish(self, payload: Any, requestid: str) -> None:
+        try:
+            event = new_event(payload, source=self.settings.event_source, requestid=requestid)
+            self.publisher.publish(event)
+        except Exception:
+            log.exception(
+                "could not publish %s for %s",
+                type(payload).__name__,
+                getattr(payload, "workspace_id", "?"),
+            )
+
+    def _spawn(self, workspace_id: str, target: Callable[..., None], *args: Any) -> None:
+        def run() -> None:
+            try:
+                target(*args)
+            except Exception:
+                log.exception("%s: %s failed", workspace_id, target.__name__)
+
+        thread = threading.Thread(target=run, name=f"{target.__name__}:{workspace_id}", daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _workspace_lock(self, workspace_id: str) -> threading.Lock:
+        with self._lock:
+            return self._ws_locks.setdefault(workspace_id, threading.Lock())
+
+    def _running_server(self, workspace_id: str) -> ServerProcess:
+        _check_id(workspace_id)
+        with self._lock:
+            record = self._records.get(workspace_id)
+            server = record.server if record is not None else None
+        if record is None:
+            raise NotFound(f"workspace {workspace_id} is not known on this node")
+        if server is None or not server.is_alive():
+            raise Refused(f"workspace {workspace_id} is not running on this node")
+        return server
+
+    def _save(self) -> None:
+        with self._lock:
+            self._state.save(self._records)
+
+    def _accepted(self, record: WorkspaceRecord, detail: str) -> dict[str, Any]:
+        return {"workspace_id": record.workspace_id, "accepted": True, "detail": detail}
+
+    def _describe(self, record: WorkspaceRecord) -> dict[str, Any]:
+        server = record.server
+        running = server is not None and server.is_alive()
+        operation = record.operation
+        return {
+            "workspace_id": record.workspace_id,
+            "running": running,
+            "pid": server.pid if running and server else None,
+            "port": server.port if running and server else None,
+            "url": server.url if running and server else None,
+            "token": server.token if running and server else None,
+            "runtime_handle": server.handle if running and server else None,
+            "started_at": (
+                datetime.fromtimestamp(server.started_at, UTC).isoformat()
+                if running and server
+                else None
+            ),
+            "operation": operation.kind if operation else None,
+            "operation_detail": operation.to_json() if operation else None,
+            "home": record.home,
+            "ide": record.spec.get("ide"),
+            "profile": (record.spec.get("profile") or {}).get("id"),
+            "restored_from": record.restored_from,
+        }
+
+
+def parse_spec(workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The WorkspaceSpec JSON of a request, checked; BadRequest names what is wrong."""
+    _check_id(workspace_id)
+    if not isinstance(body, Mapping):
+        raise BadRequest("the body must be a workspace spec (a JSON object)")
+    missing = [f for f in SPEC_FIELDS if body.get(f) in (None, "")]
+    if missing:
+        raise BadRequest(f"the workspace spec lacks {', '.join(missing)}")
+    if body["workspace_id"] != workspace_id:
+        raise BadRequest(f"the spec is for workspace {body['workspace_id']}, not {workspace_id}")
+    for name in ("environment", "profile"):
+        if not isinstance(body[name], Mapping):
+            raise BadRequest(f"{name} must be an object")
+    extra = body.get("extra") or {}
+    if not isinstance(extra, Mapping):
+        raise BadRequest("extra must be an object")
+    spec = {f: body[f] for f in SPEC_FIELDS}
+    spec["environment"] = dict(body["environment"])
+    spec["profile"] = dict(body["profile"])
+    spec["extra"] = dict(extra)
+    return spec
+
+
+def _check_id(workspace_id: str) -> None:
+    if not WORKSPACE_ID.match(workspace_id or ""):
+        raise BadRequest(f"not a workspace id: {workspace_id!r} (expected <team>--<name>)")
+
+
+def _snapshot_id(body: Mapping[str, Any]) -> str:
+    value = _required_str(body, "snapshot_id")
+    if not SNAPSHOT_ID.match(value):
+        raise BadRequest(f"not a snapshot id: {value!r} (lowercase letters, digits, dashes)")
+    return value
+
+
+def _required_str(body: Mapping[str, Any], name: str) -> str:
+    if not isinstance(body, Mapping):
+        raise BadRequest("the body must be a JSON object")
+    value = body.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{name} is required (a non-empty string)")
+    return value
+
+
+def _accelerator(spec: Mapping[str, Any]) -> tuple[str | None, int]:
+    try:
+        wanted = wanted_accelerators(spec.get("profile") or {})
+    except ProfileError:
+        return None, 0
+    if not wanted:
+        return None, 0
+    kind, count = next(iter(wanted.items()))
+    return kind, count
+
+
+def _describe_op(operation: Operation) -> str:
+    what = operation.kind + (f" {operation.snapshot_id}" if operation.snapshot_id else "")
+    return f"{what} in progress since {datetime.fromtimestamp(operation.started_at, UTC):%H:%M:%S}"
+
+
+def _client(server: ServerProcess, timeout: float = 30.0) -> Any:
+    """The REST client for a workspace's server: Jupyter's, or code-server's (no kernels)."""
+    if server.ide == "vscode":
+        return CodeServerClient(server.base_url, timeout=timeout)
+    return JupyterClient(server.base_url, server.token, timeout=timeout)

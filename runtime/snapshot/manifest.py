@@ -1,0 +1,195 @@
+"""The workspace snapshot manifest: what a whole ``kernel``-method snapshot consists of.
+
+One snapshot lives under ``gs://<bucket>/<prefix>/``: a folder of parts per kernel (see
+``layout``) and ``<prefix>/manifest.json``, written **last**. The manifest is the commit
+point: a snapshot without one is partial (a failed or running capture) and is deleted with
+:func:`delete_prefix`, never restored. The finalize event of ``manifest.json`` is what
+tells the control plane that the snapshot finished.
+
+Format (``"format": "stasis.kernel/1"``)::
+
+    {
+      "format": "stasis.kernel/1",
+      "method": "kernel",
+      "created_at": "2025-01-01T12:00:00Z",
+      "kernels": [{"kernel_id": "...", "kernelspec": "python3", "entry": {<kernel entry>}}],
+      "sessions": [{"path": "analysis.ipynb", "kernel_id": "...", ...}],
+      "totals": {"kernels": 1, "objects": 3, "bytes": 67110000, "variables": 5,
+                 "skipped": 1, "seconds": 1.2},
+      "skipped": [{"kernel_id": "...", "name": "lock", "type": "_thread.lock",
+                   "reason": "TypeError: cannot pickle '_thread.lock' object"}],
+      ...any other keys the caller adds (workspace id, team) are kept as they are
+    }
+
+``totals`` and ``skipped`` are derived from the kernel entries here, so they always agree
+with them. :func:`normalize_manifest` is pure; the other functions do I/O through
+``storage``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from . import inkernel, layout
+from .errors import ManifestError, ObjectNotFound, SnapshotError
+from .storage import ObjectStore, get_store
+
+MANIFEST_NAME = "manifest.json"
+
+
+def manifest_name(prefix: str) -> str:
+    """Object name of the manifest of the snapshot at ``prefix``."""
+    return f"{layout.normalize_prefix(prefix)}/{MANIFEST_NAME}"
+
+
+def _timestamp(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def normalize_manifest(
+    manifest: Mapping[str, Any], *, prefix: str, now: datetime
+) -> dict[str, Any]:
+    """Validate ``manifest`` and return it with ``format``, ``created_at``, ``totals`` and
+    ``skipped`` filled in. Raises :class:`ManifestError` naming the first problem.
+    """
+    folder = layout.normalize_prefix(prefix) + "/"
+    kernels = manifest.get("kernels")
+    if not isinstance(kernels, Sequence) or isinstance(kernels, str):
+        raise ManifestError("manifest needs a 'kernels' list")
+    sessions = manifest.get("sessions", [])
+    if not isinstance(sessions, Sequence) or not all(isinstance(s, Mapping) for s in sessions):
+        raise ManifestError("manifest 'sessions' must be a list of objects")
+    fmt = manifest.get("format", layout.FORMAT)
+    if fmt != layout.FORMAT:
+        raise ManifestError(f"manifest format {fmt!r} is not {layout.FORMAT!r}")
+
+    seen: set[str] = set()
+    skipped: list[dict[str, Any]] = []
+    totals = {"kernels": 0, "objects": 0, "bytes": 0, "variables": 0, "skipped": 0}
+    seconds = 0.0
+    for kernel in kernels:
+        if not isinstance(kernel, Mapping):
+            raise ManifestError(f"manifest kernel {kernel!r} is not an object")
+        kernel_id, spec, entry = (
+            kernel.get("kernel_id"),
+            kernel.get("kernelspec"),
+            kernel.get("entry"),
+        )
+        if not isinstance(kernel_id, str) or not isinstance(spec, str):
+            raise ManifestError(f"manifest kernel {kernel_id!r} needs 'kernel_id' and 'kernelspec'")
+        if kernel_id in seen:
+            raise ManifestError(f"kernel {kernel_id!r} appears twice in the manifest")
+        seen.add(kernel_id)
+        if not isinstance(entry, Mapping):
+            raise ManifestError(f"kernel {kernel_id!r} has no entry")
+        inkernel.check_entry(entry)
+        if entry.get("kernel_id") != kernel_id:
+            raise ManifestError(
+                f"kernel {kernel_id!r} carries the entry of kernel {entry.get('kernel_id')!r}"
+            )
+        for obj in entry["objects"]:
+            if not str(obj["name"]).startswith(folder):
+                raise ManifestError(
+                    f"kernel {kernel_id!r} object {obj['name']!r} is outside {folder!r}"
+                )
+        totals["kernels"] += 1
+        totals["objects"] += len(entry["objects"])
+        totals["bytes"] += int(entry.get("total_bytes", sum(entry["segments"])))
+        totals["variables"] += len(entry.get("variables", []))
+        seconds += float(entry.get("seconds", 0.0))
+        for skip in entry.get("skipped", []):
+            skipped.append({"kernel_id": kernel_id, **skip})
+    totals["skipped"] = len(skipped)
+
+    created_at = manifest.get("created_at") or _timestamp(now)
+    return {
+        **manifest,
+        "format": layout.FORMAT,
+        "method": "kernel",
+        "created_at": created_at,
+        "kernels": [dict(k) for k in kernels],
+        "sessions": [dict(s) for s in sessions],
+        "totals": {**totals, "seconds": round(seconds, 3)},
+        "skipped": skipped,
+    }
+
+
+def write_manifest(
+    bucket: str,
+    prefix: str,
+    manifest: Mapping[str, Any],
+    *,
+    store: ObjectStore | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Commit a snapshot: check that every part it names is stored, then write
+    ``<prefix>/manifest.json``. Returns the manifest as written.
+
+    Raises :class:`ManifestError` (and writes nothing) if a part is missing or has the
+    wrong size, so a manifest never points at an incomplete snapshot.
+    """
+    doc = normalize_manifest(manifest, prefix=prefix, now=now or datetime.now(UTC))
+    store = store or get_store()
+    stored = store.list_objects(bucket, layout.normalize_prefix(prefix) + "/")
+    wrong = [
+        obj["name"]
+        for kernel in doc["kernels"]
+        for obj in kernel["entry"]["objects"]
+        if stored.get(obj["name"]) != obj["bytes"]
+    ]
+    if wrong:
+        raise ManifestError(
+            f"refusing to write the manifest of gs://{bucket}/{prefix}: {len(wrong)} "
+            f"part(s) missing or of the wrong size, first {wrong[0]}"
+        )
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    store.put_bytes(bucket, manifest_name(prefix), data, "application/json")
+    return doc
+
+
+def read_manifest(bucket: str, prefix: str, *, store: ObjectStore | None = None) -> dict[str, Any]:
+    """Read and validate ``<prefix>/manifest.json``.
+
+    Raises :class:`ObjectNotFound` if there is none (no snapshot, or a partial one) and
+    :class:`ManifestError` if it is not a ``stasis.kernel/1`` manifest.
+    """
+    store = store or get_store()
+    name = manifest_name(prefix)
+    try:
+        raw = store.get_bytes(bucket, name)
+    except ObjectNotFound:
+        raise ObjectNotFound(
+            f"no manifest at gs://{bucket}/{name}: the snapshot does not exist or is partial"
+        ) from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as error:
+        raise ManifestError(f"gs://{bucket}/{name} is not JSON: {error}") from error
+    if not isinstance(doc, dict):
+        raise ManifestError(f"gs://{bucket}/{name} is not a JSON object")
+    try:
+        normalize_manifest(doc, prefix=prefix, now=datetime.now(UTC))
+    except SnapshotError as error:
+        raise ManifestError(f"gs://{bucket}/{name}: {error}") from error
+    return doc
+
+
+def delete_prefix(bucket: str, prefix: str, *, store: ObjectStore | None = None) -> int:
+    """Delete every object of the snapshot at ``prefix``; return how many there were.
+
+    The manifest goes first, so a snapshot whose deletion is interrupted is seen as
+    partial, never as complete. Only ``<prefix>/...`` is touched: ``snap-1`` does not
+    delete ``snap-10``.
+    """
+    store = store or get_store()
+    folder = layout.normalize_prefix(prefix) + "/"
+    names = list(store.list_objects(bucket, folder))
+    manifest = manifest_name(prefix)
+    deleted = 0
+    if manifest in names:
+        deleted += store.delete_objects(bucket, [manifest])
+        names.remove(manifest)
+    return deleted + store.delete_objects(bucket, names)
