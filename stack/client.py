@@ -111,9 +111,15 @@ def follow(
         say(f"note: {verdict['message']}")
     seen = None
     started = time.monotonic()
+    shown_progress = 0.0
     while time.monotonic() < deadline:
         doc = workspace(event.subject) or {}
         state = doc.get("state")
+        if state in ("PAUSING", "RESUMING") and time.monotonic() - shown_progress > 0.5:
+            line = _progress_line(settings, event.subject, time.monotonic() - started)
+            if line:
+                say(line)
+                shown_progress = time.monotonic()
         if state != seen:
             say(
                 f"{event.subject}: {state} ({time.monotonic() - started:.1f}s)"
@@ -133,6 +139,20 @@ def follow(
             return {"ok": ok, "workspace": _jsonable(doc)}
         time.sleep(0.2)
     return {"ok": False, "error": f"timed out waiting for {sorted(until)}"}
+
+
+def _progress_line(settings: Settings, ws_id: str, elapsed: float) -> str | None:
+    """Bytes moved so far and the rate, from the node agent (local runtime only)."""
+    try:
+        answer = requests.get(f"{settings.node_agent_url}/workspaces/{ws_id}", timeout=2)
+        progress = answer.json().get("progress") if answer.ok else None
+    except (requests.RequestException, ValueError):
+        return None
+    if not progress or not progress.get("total_bytes"):
+        return None
+    done, total = progress["done_bytes"], progress["total_bytes"]
+    return (f"  {done / 2**20:,.0f} / {total / 2**20:,.0f} MiB "
+            f"({done / 2**20 / max(elapsed, 1e-3):,.0f} MiB/s)")
 
 
 def _jsonable(doc: dict[str, Any]) -> dict[str, Any]:

@@ -214,8 +214,12 @@ def decide(workspace: Workspace | None, event: Signal, now: datetime) -> Decisio
     if workspace is None or (
         workspace.state == State.DELETED and not isinstance(event, WorkspaceDeleteRequested)
     ):
-        # An event for a workspace that does not exist (any more): nothing to do.
-        return _refuse(workspace, Reason.UNKNOWN_WORKSPACE, "no such workspace")
+        # An event for a workspace that does not exist (any more): nothing to do, except
+        # that a snapshot finishing after the deletion left objects nobody owns.
+        orphan: tuple[Command, ...] = ()
+        if isinstance(event, SnapshotFinished) and event.succeeded:
+            orphan = (DiscardSnapshot(event.workspace_id, event.snapshot_id),)
+        return _refuse(workspace, Reason.UNKNOWN_WORKSPACE, "no such workspace", orphan)
     if isinstance(event, WorkspaceReady):
         return _on_ready(workspace, event, now)
     if isinstance(event, WorkspaceRuntimeFailed):
@@ -367,10 +371,12 @@ def _on_resume(ws: Workspace, event: WorkspaceResumeRequested, now: datetime) ->
 def _on_delete(ws: Workspace, event: WorkspaceDeleteRequested, now: datetime) -> Decision:
     if ws.state == State.DELETED:
         return _refuse(ws, Reason.ALREADY_DELETED, "already deleted")
-    destroy = Destroy(ws.id, event.keep_home)
     if ws.state == State.DELETING:
         # Re-issue: the first attempt may have died half-way; destroying is idempotent.
-        return Decision(True, Reason.DELETE_RETRIED, ws, (destroy,), previous_state=ws.state)
+        # The first request's keep_home stands: a retry must not delete a kept home.
+        return Decision(True, Reason.DELETE_RETRIED, ws, (Destroy(ws.id, ws.keep_home),),
+                        previous_state=ws.state)
+    destroy = Destroy(ws.id, event.keep_home)
     deleting = _move(ws, State.DELETING, Reason.DELETE_STARTED, now, transition_started_at=now,
                      keep_home=event.keep_home)
     return Decision(True, Reason.DELETE_STARTED, deleting, (destroy,), previous_state=ws.state)
@@ -379,8 +385,9 @@ def _on_delete(ws: Workspace, event: WorkspaceDeleteRequested, now: datetime) ->
 def _on_destroyed(ws: Workspace, now: datetime) -> Decision:
     if ws.state != State.DELETING:
         return _refuse(ws, Reason.STALE_FAILURE, f"destroyed while {ws.state}")
+    # The runtime destroyed the snapshots with the workspace: no reference may outlive them.
     deleted = _move(ws, State.DELETED, Reason.DELETED, now, transition_started_at=None, url=None,
-                    pending_snapshot=None)
+                    pending_snapshot=None, current_snapshot=None)
     return Decision(True, Reason.DELETED, deleted, previous_state=ws.state)
 
 

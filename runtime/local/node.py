@@ -392,6 +392,7 @@ class NodeAgent:
                     prefix=operation.prefix,
                     timeout=self.settings.kernel_timeout,
                     now=self._clock,
+                    progress=operation.report_progress,
                 )
             payload = SnapshotFinished(
                 workspace_id=record.workspace_id,
@@ -538,6 +539,7 @@ class NodeAgent:
                     engine=self.engine,
                     bucket=operation.bucket,
                     timeout=self.settings.kernel_timeout,
+                    progress=operation.report_progress,
                 )
         except _Cancelled:
             log.info("%s: restore withdrawn", record.workspace_id)
@@ -786,6 +788,8 @@ class NodeAgent:
             ),
             "operation": operation.kind if operation else None,
             "operation_detail": operation.to_json() if operation else None,
+            "progress": {"done_bytes": operation.done_bytes, "total_bytes": operation.total_bytes}
+            if operation else None,
             "home": record.home,
             "ide": record.spec.get("ide"),
             "profile": (record.spec.get("profile") or {}).get("id"),
@@ -817,7 +821,7 @@ def parse_spec(workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_id(workspace_id: str) -> None:
-    if not WORKSPACE_ID.match(workspace_id or ""):
+    if not WORKSPACE_ID.fullmatch(workspace_id or ""):
         raise BadRequest(f"not a workspace id: {workspace_id!r} (expected <team>--<name>)")
 
 

@@ -48,15 +48,21 @@ class SnapshotFailed(RuntimeError):
     """A workspace snapshot or restore failed; the message is the reason to record."""
 
 
+#: ``progress(done_bytes, total_bytes)`` of the kernel being transferred.
+Progress = Callable[[int, int], None]
+
+
 class Engine(Protocol):
     """The kernel-state agent's API, as this module uses it."""
 
     def snapshot_kernel(
-        self, connection_file: str, *, bucket: str, prefix: str, kernel_id: str, timeout: float
+        self, connection_file: str, *, bucket: str, prefix: str, kernel_id: str, timeout: float,
+        progress: Progress | None = None,
     ) -> dict[str, Any]: ...
 
     def restore_kernel(
-        self, connection_file: str, entry: dict[str, Any], *, bucket: str, timeout: float
+        self, connection_file: str, entry: dict[str, Any], *, bucket: str, timeout: float,
+        progress: Progress | None = None,
     ) -> dict[str, Any]: ...
 
     def write_manifest(self, bucket: str, prefix: str, manifest: dict[str, Any]) -> Any: ...
@@ -122,6 +128,7 @@ def take_snapshot(
     prefix: str,
     timeout: float,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    progress: Progress | None = None,
 ) -> SnapshotOutcome:
     """Snapshot every kernel of the server behind ``client``; raises SnapshotFailed after
     deleting whatever was written under ``prefix``."""
@@ -146,7 +153,8 @@ def take_snapshot(
             try:
                 # The kernel's objects go under <prefix>/<kernel_id>/ (the engine adds it).
                 entry = engine.snapshot_kernel(
-                    str(conn), bucket=bucket, prefix=prefix, kernel_id=kernel_id, timeout=timeout
+                    str(conn), bucket=bucket, prefix=prefix, kernel_id=kernel_id,
+                    timeout=timeout, progress=progress,
                 )
             except Exception as exc:
                 raise SnapshotFailed(f"{where}: {reason_of(exc)}") from exc
@@ -206,6 +214,7 @@ def restore_snapshot(
     engine: Engine,
     bucket: str,
     timeout: float,
+    progress: Progress | None = None,
 ) -> RestoreOutcome:
     """Start a kernel per manifest kernel, restore it, re-create the sessions. Raises
     SnapshotFailed; the caller stops the server (a half-restored workspace is no use)."""
@@ -226,7 +235,8 @@ def restore_snapshot(
         try:
             wait_kernel_ready(conn, timeout)
             engine.restore_kernel(
-                str(conn), kernel.get("entry") or {}, bucket=bucket, timeout=timeout
+                str(conn), kernel.get("entry") or {}, bucket=bucket, timeout=timeout,
+                progress=progress,
             )
         except Exception as exc:
             raise SnapshotFailed(

@@ -39,6 +39,12 @@ class Operation:
     snapshot_id: str | None = None
     bucket: str | None = None
     prefix: str | None = None
+    #: Bytes transferred so far and in all, for `stasis ws pause|resume` (not persisted).
+    done_bytes: int = 0
+    total_bytes: int = 0
+
+    def report_progress(self, done: int, total: int) -> None:
+        self.done_bytes, self.total_bytes = done, total
 
     def to_json(self) -> dict[str, Any]:
         return {

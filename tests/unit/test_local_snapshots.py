@@ -53,7 +53,8 @@ class FakeEngine:
         self.manifest: dict[str, Any] | None = None
 
     def snapshot_kernel(
-        self, connection_file: str, *, bucket: str, prefix: str, kernel_id: str, timeout: float
+        self, connection_file: str, *, bucket: str, prefix: str, kernel_id: str, timeout: float,
+        progress: Any = None,
     ) -> dict[str, Any]:
         self.calls.append(("snapshot_kernel", kernel_id, prefix))
         if self.fail_on == kernel_id:
@@ -66,7 +67,8 @@ class FakeEngine:
         }
 
     def restore_kernel(
-        self, connection_file: str, entry: dict[str, Any], *, bucket: str, timeout: float
+        self, connection_file: str, entry: dict[str, Any], *, bucket: str, timeout: float,
+        progress: Any = None,
     ) -> dict[str, Any]:
         self.calls.append(("restore_kernel", Path(connection_file).name, entry["kernel_id"]))
         if self.fail_on == entry["kernel_id"]:
