@@ -131,11 +131,11 @@ class Kernels:
         self.started.append((manager, client))
         return manager, client
 
-    def stop_all_but(self, keep: KernelManager) -> None:
-        for manager, client in list(self.started):
-            if manager is not keep:
-                self._stop(manager, client)
-                self.started.remove((manager, client))
+    def stop(self, manager: KernelManager) -> None:
+        for pair in list(self.started):
+            if pair[0] is manager:
+                self._stop(*pair)
+                self.started.remove(pair)
 
     def close(self) -> None:
         for manager, client in self.started:
@@ -238,33 +238,34 @@ def raw_download(
         return timed(lambda: list(pool.map(get, names)))
 
 
-def raw_transfers(
-    url: str, bucket: str, size: int, part: int, repeat: int, store: ObjectStore
-) -> dict[str, Any]:
-    """Best-of-``repeat`` seconds to move ``size`` bytes raw, per way of moving them."""
-    payload = os.urandom(MiB) * (size // MiB)
-    parts = [payload[o : o + part] for o in range(0, size, part)]
-    session = requests.Session()
-    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
-    ways = {
-        "one_object_1_stream": ([payload], 1),
-        "parts_1_stream": (parts, 1),
-        "parts_2_streams": (parts, 2),
-        "parts_4_streams": (parts, 4),
-    }
-    upload: dict[str, float] = {}
-    download: dict[str, float] = {}
-    for way, (chunks, streams) in ways.items():
-        for _ in range(repeat):
+class RawTransfers:
+    """Moves the same number of bytes raw, every way, keeping the best time per way."""
+
+    def __init__(self, url: str, bucket: str, size: int, part: int, store: ObjectStore) -> None:
+        self.url, self.bucket, self.size, self.store = url, bucket, size, store
+        payload = os.urandom(MiB) * (size // MiB)
+        parts = [payload[o : o + part] for o in range(0, size, part)]
+        self.ways = {
+            "one_object_1_stream": ([payload], 1),
+            "parts_1_stream": (parts, 1),
+            "parts_2_streams": (parts, 2),
+            "parts_4_streams": (parts, 4),
+        }
+        self.session = requests.Session()
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
+        self.upload_s: dict[str, float] = {}
+        self.download_s: dict[str, float] = {}
+
+    def run_once(self) -> None:
+        for way, (chunks, streams) in self.ways.items():
             folder = f"raw/{uuid.uuid4().hex[:8]}"
             named = [(f"{folder}/p{i:05d}", data) for i, data in enumerate(chunks)]
-            seconds = raw_upload(session, url, bucket, named, streams)
-            upload[way] = min(upload.get(way, seconds), seconds)
+            seconds = raw_upload(self.session, self.url, self.bucket, named, streams)
+            self.upload_s[way] = min(self.upload_s.get(way, seconds), seconds)
             sized = [(name, len(data)) for name, data in named]
-            seconds = raw_download(session, url, bucket, sized, streams)
-            download[way] = min(download.get(way, seconds), seconds)
-            store.delete_objects(bucket, [name for name, _ in named])
-    return {"upload_s": upload, "download_s": download}
+            seconds = raw_download(self.session, self.url, self.bucket, sized, streams)
+            self.download_s[way] = min(self.download_s.get(way, seconds), seconds)
+            self.store.delete_objects(self.bucket, [name for name, _ in named])
 
 
 def sha256_seconds(size: int) -> float:
@@ -290,10 +291,14 @@ def bench_size(
         cell_s = float(run_cell(source_client, "print(cell_seconds)"))
         digest = run_cell(source_client, DIGEST)
 
-        raw = raw_transfers(url, bucket, size, args.part_mib * MiB, args.repeat, store)
-
+        raw = RawTransfers(url, bucket, size, args.part_mib * MiB, store)
         captures: list[dict[str, Any]] = []
+        restores: list[dict[str, Any]] = []
+        # Interleaved (raw, capture, restore) rounds, so that load from other work on the
+        # host hits all three alike; the best of each is compared.
         for attempt in range(args.repeat):
+            raw.run_once()
+
             prefix = f"bench-{uuid.uuid4().hex[:8]}/snap"
             with peak_rss(kernel_pid(source)) as rss:
                 started = time.perf_counter()
@@ -307,13 +312,8 @@ def bench_size(
                     streams=args.streams,
                 )
                 seconds = time.perf_counter() - started
-            captures.append({"seconds": seconds, "entry": entry, "prefix": prefix, "rss": rss})
-            if attempt < args.repeat - 1:
-                delete_prefix(bucket, prefix, store=store)
-        entry, prefix = captures[-1]["entry"], captures[-1]["prefix"]
+            captures.append({"seconds": seconds, "entry": entry, "rss": rss})
 
-        restores: list[dict[str, Any]] = []
-        for _ in range(args.repeat):
             target, target_client = kernels.start()
             with peak_rss(kernel_pid(target)) as rss:
                 started = time.perf_counter()
@@ -324,10 +324,12 @@ def bench_size(
             restores.append({"seconds": seconds, "result": result, "rss": rss})
             if run_cell(target_client, DIGEST) != digest:
                 raise RuntimeError("the restored state differs from the original")
-            kernels.stop_all_but(target)
-        delete_prefix(bucket, prefix, store=store)
+            delete_prefix(bucket, prefix, store=store)
+            if attempt < args.repeat - 1:
+                kernels.stop(target)
 
-        # Re-run the cell in the last restored kernel, nothing else running.
+        # Re-run the cell in the last restored kernel, the source stopped.
+        kernels.stop(source)
         run_cell(target_client, build)
         rerun_s = float(run_cell(target_client, "print(cell_seconds)"))
     finally:
@@ -337,8 +339,8 @@ def bench_size(
     rerun_s = min(rerun_s, cell_s)
     best_capture = min(captures, key=lambda c: c["seconds"])
     best_restore = min(restores, key=lambda r: r["seconds"])
-    best_up = min(raw["upload_s"].values())
-    best_down = min(raw["download_s"].values())
+    best_up = min(raw.upload_s.values())
+    best_down = min(raw.download_s.values())
     capture_s, restore_s = best_capture["seconds"], best_restore["seconds"]
     gib = size / GiB
     return {
@@ -366,8 +368,8 @@ def bench_size(
             "kernel_rss_peak_mib": round(max(r["rss"][1] for r in restores) / MiB),
         },
         "raw": {
-            "upload_s": {k: round(v, 3) for k, v in raw["upload_s"].items()},
-            "download_s": {k: round(v, 3) for k, v in raw["download_s"].items()},
+            "upload_s": {k: round(v, 3) for k, v in raw.upload_s.items()},
+            "download_s": {k: round(v, 3) for k, v in raw.download_s.items()},
             "upload_best_gib_per_s": round(gib / best_up, 3),
             "download_best_gib_per_s": round(gib / best_down, 3),
             "sha256_one_core_s": round(sha256_seconds(size), 3),

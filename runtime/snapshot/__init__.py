@@ -14,7 +14,7 @@ Modules, each owning one thing:
 - ``transfer``  parallel part upload/download with sha256 per part.
 - ``layout``    object names and how the byte stream is cut into parts (pure).
 - ``manifest``  the workspace manifest, written last: :func:`write_manifest`,
-  :func:`read_manifest`, :func:`delete_prefix`.
+  :func:`read_manifest`, :func:`delete_prefix`, :func:`manifest_sha256`.
 - ``storage``   the only module that talks to Cloud Storage.
 - ``errors``    :class:`SnapshotError` and its subclasses.
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     )
     from .kernels import restore_kernel, snapshot_kernel
     from .layout import FORMAT
-    from .manifest import delete_prefix, read_manifest, write_manifest
+    from .manifest import delete_prefix, manifest_sha256, read_manifest, write_manifest
 
 _EXPORTS = {
     "snapshot_kernel": "kernels",
@@ -50,6 +50,7 @@ _EXPORTS = {
     "write_manifest": "manifest",
     "read_manifest": "manifest",
     "delete_prefix": "manifest",
+    "manifest_sha256": "manifest",
     "FORMAT": "layout",
     "SnapshotError": "errors",
     "SnapshotTimeout": "errors",
@@ -76,6 +77,7 @@ __all__ = [
     "StorageError",
     "TransientStorageError",
     "delete_prefix",
+    "manifest_sha256",
     "read_manifest",
     "restore_kernel",
     "snapshot_kernel",

@@ -22,19 +22,26 @@ Format (``"format": "stasis.kernel/1"``)::
     }
 
 ``totals`` and ``skipped`` are derived from the kernel entries here, so they always agree
-with them. :func:`normalize_manifest` is pure; the other functions do I/O through
-``storage``.
+with them. :func:`normalize_manifest` and :func:`manifest_sha256` are pure; the other
+functions do I/O through ``storage``.
+
+Trust: every part's sha256 is in the manifest, and the manifest's own sha256
+(:func:`manifest_sha256`) is what the control plane should keep in the snapshot's
+Firestore document and hand back to :func:`read_manifest`. Without that anchor, whoever can
+write the bucket can rewrite parts and manifest together, and a restore unpickles (runs)
+what they wrote.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from . import inkernel, layout
-from .errors import ManifestError, ObjectNotFound, SnapshotError
+from .errors import ManifestError, ObjectNotFound, SnapshotError, SnapshotIntegrityError
 from .storage import ObjectStore, get_store
 
 MANIFEST_NAME = "manifest.json"
@@ -117,6 +124,15 @@ def normalize_manifest(
     }
 
 
+def _serialize(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+
+def manifest_sha256(manifest: Mapping[str, Any]) -> str:
+    """sha256 of ``manifest.json`` as :func:`write_manifest` writes the returned document."""
+    return hashlib.sha256(_serialize(manifest)).hexdigest()
+
+
 def write_manifest(
     bucket: str,
     prefix: str,
@@ -145,16 +161,24 @@ def write_manifest(
             f"refusing to write the manifest of gs://{bucket}/{prefix}: {len(wrong)} "
             f"part(s) missing or of the wrong size, first {wrong[0]}"
         )
-    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    data = _serialize(doc)
     store.put_bytes(bucket, manifest_name(prefix), data, "application/json")
     return doc
 
 
-def read_manifest(bucket: str, prefix: str, *, store: ObjectStore | None = None) -> dict[str, Any]:
+def read_manifest(
+    bucket: str,
+    prefix: str,
+    *,
+    expected_sha256: str | None = None,
+    store: ObjectStore | None = None,
+) -> dict[str, Any]:
     """Read and validate ``<prefix>/manifest.json``.
 
-    Raises :class:`ObjectNotFound` if there is none (no snapshot, or a partial one) and
-    :class:`ManifestError` if it is not a ``stasis.kernel/1`` manifest.
+    Raises :class:`ObjectNotFound` if there is none (no snapshot, or a partial one),
+    :class:`SnapshotIntegrityError` if ``expected_sha256`` (from :func:`manifest_sha256` at
+    write time) does not match, and :class:`ManifestError` if it is not a
+    ``stasis.kernel/1`` manifest.
     """
     store = store or get_store()
     name = manifest_name(prefix)
@@ -164,6 +188,13 @@ def read_manifest(bucket: str, prefix: str, *, store: ObjectStore | None = None)
         raise ObjectNotFound(
             f"no manifest at gs://{bucket}/{name}: the snapshot does not exist or is partial"
         ) from None
+    if expected_sha256 is not None:
+        actual = hashlib.sha256(raw).hexdigest()
+        if actual != expected_sha256:
+            raise SnapshotIntegrityError(
+                f"gs://{bucket}/{name} has sha256 {actual[:16]}..., the snapshot record says "
+                f"{expected_sha256[:16]}...: the manifest was changed after it was written"
+            )
     try:
         doc = json.loads(raw)
     except ValueError as error:

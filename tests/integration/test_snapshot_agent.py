@@ -33,6 +33,7 @@ from runtime.snapshot import (
     SnapshotIntegrityError,
     SnapshotTimeout,
     delete_prefix,
+    manifest_sha256,
     read_manifest,
     restore_kernel,
     snapshot_kernel,
@@ -373,6 +374,12 @@ def test_the_manifest_is_written_last_and_delete_prefix_removes_everything(
     assert written["totals"]["bytes"] == sum(e["total_bytes"] for e in entries)
     assert [(s["kernel_id"], s["name"]) for s in written["skipped"]] == [("k-a", "z"), ("k-b", "z")]
     assert read_manifest(bucket, prefix, store=store) == written
+    anchor = manifest_sha256(written)  # what the control plane keeps in Firestore
+    assert read_manifest(bucket, prefix, expected_sha256=anchor, store=store) == written
+    tampered = {**written, "sessions": []}
+    store.put_bytes(bucket, f"{prefix}/manifest.json", json.dumps(tampered).encode(), "x/y")
+    with pytest.raises(SnapshotIntegrityError, match="changed after it was written"):
+        read_manifest(bucket, prefix, expected_sha256=anchor, store=store)
 
     deleted = delete_prefix(bucket, prefix, store=store)
     assert deleted == sum(len(e["objects"]) for e in entries) + 1
