@@ -14,9 +14,14 @@ $(BIN)/stasis: pyproject.toml
 	@test -x $(SDK)/platform/pubsub-emulator/bin/cloud-pubsub-emulator || \
 	  { echo "missing the Pub/Sub emulator of the Google Cloud CLI under $(SDK)"; exit 1; }
 	@command -v java >/dev/null || { apt-get update && apt-get install -y default-jre-headless; }
+	@# The dashboard tests drive Debian's Chromium (never a downloaded browser).
+	@test -x /usr/bin/chromium || { apt-get update && apt-get install -y chromium; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e . --group dev
+	@# checkov pins packaging<24, which pytest 9 refuses: it gets a venv of its own.
+	$(PYTHON) -m venv build/checkov-venv
+	build/checkov-venv/bin/pip install --quiet 'checkov>=3.2,<4'
 	@touch $@
 
 setup: $(BIN)/stasis

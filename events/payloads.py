@@ -66,6 +66,9 @@ class WorkspacePauseRequested:
     workspace_id: str
     actor: str
     cause: str = "user"
+    #: Why, in words for the owner (the idle policy fills it in); becomes the message of
+    #: the workspace's state change and its ``state_message``.
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,13 @@ class LinkRevoked:
 
 @dataclass(frozen=True)
 class SandboxRequested:
-    """Run a task in an isolated sandbox and return a patch for review."""
+    """Run a task in an isolated sandbox and return a patch for review.
+
+    ``limits`` may ask for ``cpu_seconds``, ``memory`` (a quantity: "2Gi" or bytes),
+    ``wall_clock_seconds`` and ``processes``; what is not asked for comes from the team's
+    sandbox policy, and asking above the policy's maximum is refused. ``allowed_network``
+    lists destinations (host names or CIDRs); empty means no network at all.
+    """
 
     sandbox_id: str
     team: str
@@ -166,6 +175,7 @@ class SandboxRequested:
     base_ref: str = "HEAD"
     limits: dict[str, Any] = field(default_factory=dict)
     allowed_network: list[str] = field(default_factory=list)
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,18 @@ class SandboxFinished:
     patch_uri: str | None = None
     log_uri: str | None = None
     error: str | None = None
+    #: How the task ended: exited (see exit_status), wall_clock_exceeded,
+    #: cpu_time_exceeded, memory_limit_exceeded, killed (by a signal), cancelled,
+    #: failed_to_start (no working copy, bad ref) or runtime_lost (the runner went away).
+    termination: str = "exited"
+    base_sha: str | None = None
+    patch_bytes: int = 0
+    files_changed: list[str] = field(default_factory=list)
+    duration_ms: int = 0
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    #: What the sandbox could reach, as enforced (never as merely requested).
+    network: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,6 +212,38 @@ class SnapshotExpired:
     uri: str
     bytes: int
     reason: str
+
+
+@dataclass(frozen=True)
+class JobSubmitted:
+    """A notebook submitted a function to run on ``hosts`` hosts of ``profile`` (a job)."""
+
+    job_id: str
+    team: str
+    owner: str
+    profile: str
+    hosts: int
+    workspace_id: str | None = None
+    #: Where it runs: ``local`` (processes on the node) or ``kubernetes`` (a JobSet).
+    runtime: str = "local"
+    #: The function's qualified name, for people (the code itself travels pickled).
+    function: str = ""
+    log_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    """A job ended; its accelerators go back to the team."""
+
+    job_id: str
+    succeeded: bool
+    termination: str = "exited"
+    exit_status: int | None = None
+    #: The first host that failed (its log is in ``error``), or None.
+    failed_host: int | None = None
+    error: str | None = None
+    log_uri: str | None = None
+    duration_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -228,6 +282,8 @@ CATALOG: dict[str, EventSpec] = {
         EventSpec("sandbox.requested", SandboxRequested),
         EventSpec("sandbox.finished", SandboxFinished),
         EventSpec("snapshot.expired", SnapshotExpired),
+        EventSpec("job.submitted", JobSubmitted),
+        EventSpec("job.finished", JobFinished),
     )
 }
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from events import spec_for
+from functions.chatops import notify
 from functions.delivery import Handler
-from functions.handlers import lifecycle
+from functions.handlers import idle, janitor, lifecycle
+from functions.handlers import jobs as job_handler
+from functions.handlers import sandboxes as sandbox_handler
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,16 @@ ROUTES: dict[str, Route] = {
         Route("on_snapshot_finished", "snapshot.finished", lifecycle.handle),
         Route("on_resume_requested", "workspace.resume_requested", lifecycle.handle),
         Route("on_delete_requested", "workspace.delete_requested", lifecycle.handle),
+        Route("on_idle_detected", "workspace.idle_detected", idle.handle),
+        Route("on_snapshot_expired", "snapshot.expired", janitor.handle_expired),
+        Route("notify_chat", "workspace.state_changed", notify.handle),
+        Route("on_sandbox_requested", "sandbox.requested", sandbox_handler.handle),
+        Route("on_sandbox_finished", "sandbox.finished", sandbox_handler.handle),
+        Route("on_job_submitted", "job.submitted", job_handler.handle),
+        Route("on_job_finished", "job.finished", job_handler.handle),
     )
 }
 
 #: HTTP functions (Cloud Scheduler, chat, dashboard, proxy), by name.
-HTTP_FUNCTIONS: tuple[str, ...] = ("reconcile",)
+HTTP_FUNCTIONS: tuple[str, ...] = ("reconcile", "chat", "proxy", "links", "idle_sweep",
+                                   "janitor", "cost_rollup", "dashboard")

@@ -18,6 +18,7 @@ from google.cloud import firestore
 
 from events.schemas import errors as schema_errors
 from functions.domain.catalog import Problem, config_documents, validate_config
+from functions.domain.sandboxes import policy_problems
 from stack.settings import Settings
 
 
@@ -41,8 +42,9 @@ def check(config: Any) -> list[Problem]:
     ]
     if not isinstance(config, dict):
         return problems
-    # Both layers, so that one run shows every problem (validate_config never raises).
-    return problems + [p for p in validate_config(config) if p not in problems]
+    # Both layers, so that one run shows every problem (neither raises).
+    found = problems + [p for p in validate_config(config) if p not in problems]
+    return found + [p for p in policy_problems(config.get("sandboxes")) if p not in found]
 
 
 def _db(settings: Settings) -> firestore.Client:

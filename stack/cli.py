@@ -67,6 +67,8 @@ def up(foreground: bool, runtime: str) -> None:
         + ("; example catalog applied" if report.seeded else "")
     )
     click.echo(f"data dir {settings.data_dir}; stop with `stasis down`")
+    click.echo(f"admin dashboard {settings.functions_url}/dashboard/ (dev identity "
+               f"{os.environ.get('STASIS_DASHBOARD_DEV_USER') or 'dev'})")
     if foreground:
         try:
             while True:
@@ -484,3 +486,10 @@ def admin_apply(file: str, as_user: str | None) -> None:
             click.echo(f"  {problem.path or '/'}: {problem.message}", err=True)
         sys.exit(2)
     click.echo(f"applied revision {result['revision'][:12]}: {result['changes']}")
+
+
+from stack import cli_chat  # noqa: E402, F401, I001  (registers `stasis chat`)
+from stack import cli_links  # noqa: E402, F401  (registers `stasis link`, `stasis exec`)
+from stack import cli_upkeep  # noqa: E402, F401  (registers `stasis idle`, `janitor`, `cost`)
+from stack import cli_bundle  # noqa: E402, F401  (registers `stasis bundle`)
+from stack import cli_sandbox  # noqa: E402, F401  (registers `stasis sandbox`)

@@ -2,10 +2,11 @@
 
 `up` starts, on 127.0.0.1 only: the Firestore and Pub/Sub emulators and fake-gcs-server
 (concurrently), then the topics, push subscriptions and dead-letter topics of
-functions/routes.py and the snapshot bucket, then the function host and the node agent
-(concurrently), and applies examples/stasis.yaml when no catalog has been applied yet. It
-waits on readiness at every step, never on a fixed sleep. `down` releases the workspaces'
-servers through the node agent (their homes stay) and stops every process group.
+functions/routes.py and the snapshot bucket, then the function host, the Slack sink
+(stack/slack_sink.py) and the node agent (concurrently), and applies examples/stasis.yaml
+when no catalog has been applied yet (while the chat function warms up). It waits on
+readiness at every step, never on a fixed sleep. `down` releases the workspaces' servers
+through the node agent (their homes stay) and stops every process group.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import requests
 
-from stack import processes
+from stack import chat, processes
 from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,7 @@ def _service_env(settings: Settings, runtime: str) -> dict[str, str]:
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     }
+    env.update(chat.slack_env(settings))  # chat: signing secret, bot token, the Slack sink
     return env
 
 
@@ -111,7 +113,7 @@ def up(
     report.seconds["topology"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    specs = [host_spec(settings, runtime)]
+    specs = [host_spec(settings, runtime), chat.sink_spec(settings)]
     if runtime == "local":
         specs.append(agent_spec(settings))
     try:
@@ -120,6 +122,7 @@ def up(
         processes.stop_all(settings.data_dir)
         raise
     report.seconds["functions_and_agent"] = time.monotonic() - mark
+    warming = chat.warm_up(settings)  # the chat function's first ack must beat Slack's 3 s
 
     if seed:
         mark = time.monotonic()
@@ -129,6 +132,7 @@ def up(
             admin.apply_file(settings, EXAMPLE_CONFIG, actor="stasis-up")
             report.seeded = True
         report.seconds["seed"] = time.monotonic() - mark
+    warming.join(timeout=60)
     return report
 
 
@@ -142,6 +146,9 @@ def down(settings: Settings) -> list[str]:
                 requests.post(f"{settings.node_agent_url}/workspaces/{ws_id}/release", timeout=60)
     except (requests.RequestException, ValueError):
         pass  # no agent running: nothing to release
+    from stack.sandboxes import stop_running
+
+    stop_running(settings)  # cancelled sandboxes still write their patch and result
     return processes.stop_all(settings.data_dir)
 
 

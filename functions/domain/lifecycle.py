@@ -252,6 +252,15 @@ def refuse_admission(
     return Decision(True, Reason.ADMISSION_REFUSED, failed, (), message, _state(workspace))
 
 
+#: What the owner reads when a pause they did not ask for (no ``detail``) starts.
+_PAUSE_CAUSES: dict[str, str] = {
+    "idle": "paused by the idle policy",
+    "schedule": "paused on schedule",
+    "reconciler": "paused by the reconciler",
+    "admin": "paused by an admin",
+}
+
+
 #: ``schemas/events/snapshot.finished.json``: snapshot ids match ^[a-z0-9][a-z0-9-]{0,80}$.
 _SNAPSHOT_ID_MAX = 81
 
@@ -327,10 +336,14 @@ def _on_pause(ws: Workspace, event: WorkspacePauseRequested, now: datetime) -> D
     if ws.state != State.RUNNING:
         return _refuse(ws, Reason.NOT_RUNNING, f"cannot pause while {ws.state}; wait until RUNNING")
     snapshot_id = snapshot_id_for(ws)
-    pausing = _move(ws, State.PAUSING, Reason.PAUSE_STARTED, now, pending_snapshot=snapshot_id,
-                    transition_started_at=now, pause_cause=event.cause)
+    # Whoever did not ask for the pause is told why: the message goes on the document and
+    # on the state change (the idle policy says how long the workspace was idle).
+    message = event.detail or _PAUSE_CAUSES.get(event.cause, "")
+    pausing = _move(ws, State.PAUSING, Reason.PAUSE_STARTED, now, message=message,
+                    pending_snapshot=snapshot_id, transition_started_at=now,
+                    pause_cause=event.cause)
     return Decision(True, Reason.PAUSE_STARTED, pausing, (Snapshot(ws.id, snapshot_id),),
-                    previous_state=ws.state)
+                    message, previous_state=ws.state)
 
 
 def _on_snapshot_finished(ws: Workspace, event: SnapshotFinished, now: datetime) -> Decision:
@@ -347,10 +360,13 @@ def _on_snapshot_finished(ws: Workspace, event: SnapshotFinished, now: datetime)
                         pending_snapshot=None, transition_started_at=None)
         return Decision(True, Reason.SNAPSHOT_FAILED, running,
                         (DiscardSnapshot(ws.id, event.snapshot_id),), message, ws.state)
-    paused = _move(ws, State.PAUSED, Reason.PAUSED, now, current_snapshot=event.snapshot_id,
-                   pending_snapshot=None, transition_started_at=None,
-                   last_pause_ms=_elapsed_ms(ws, now), url=None)
-    return Decision(True, Reason.PAUSED, paused, (Release(ws.id),), previous_state=ws.state)
+    # A pause the owner did not ask for keeps saying why once it is done.
+    message = ws.state_message if ws.pause_cause not in (None, "user") else ""
+    paused = _move(ws, State.PAUSED, Reason.PAUSED, now, message=message,
+                   current_snapshot=event.snapshot_id, pending_snapshot=None,
+                   transition_started_at=None, last_pause_ms=_elapsed_ms(ws, now), url=None)
+    return Decision(True, Reason.PAUSED, paused, (Release(ws.id),), message,
+                    previous_state=ws.state)
 
 
 def _on_resume(ws: Workspace, event: WorkspaceResumeRequested, now: datetime) -> Decision:

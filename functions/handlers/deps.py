@@ -34,6 +34,39 @@ class Snapshots(Protocol):
         """Delete every snapshot of a workspace; returns the bytes released."""
         ...
 
+    def stored(self) -> list[Any]:
+        """What Cloud Storage holds, per snapshot prefix (the janitor's orphan check)."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete the objects under one snapshot prefix; returns how many."""
+        ...
+
+
+class Fleet(Protocol):
+    """Fleet-wide reads and writes of the idle sweep, the janitor and the cost rollup
+    (``functions.adapters.fleet_store``)."""
+
+    def workspaces_in(self, states: Any, fields: Any = None) -> list[Any]: ...
+
+    def workspaces(self, team: str | None = None) -> list[Any]: ...
+
+    def teams(self) -> dict[str, dict[str, Any]]: ...
+
+    def snapshot_records(self, team: str | None = None) -> list[Any]: ...
+
+    def snapshot_record(self, snapshot_id: str) -> Any: ...
+
+    def expire_snapshot(self, snapshot_id: str, *, reason: str, message: str, now: datetime,
+                        guard: Any = None) -> int: ...
+
+    def audit_since(self, team: str, start: datetime) -> list[dict[str, Any]]: ...
+
+    def audit_before(self, workspace_id: str, before: datetime,
+                     limit: int = 20) -> list[dict[str, Any]]: ...
+
+    def put_rollup(self, team: str, doc: dict[str, Any]) -> bool: ...
+
 
 class DeadLetters(Protocol):
     def dead_letter(self, consumer: str, data: bytes, attributes: dict[str, str], *,
@@ -50,3 +83,11 @@ class Deps:
     clock: Callable[[], datetime]
     snapshot_bucket: str
     dead_letters: DeadLetters
+    #: The idle sweep, the janitor and the cost rollup (None where they do not run).
+    fleet: Fleet | None = None
+    #: The chat front door (``functions.chatops.ports.ChatDeps``; None where chat is off).
+    chat: Any = None
+    #: Agent sandboxes (``functions.handlers.sandbox_ports.SandboxDeps``; None: not run).
+    sandboxes: Any = None
+    #: Scale-out jobs (``functions.adapters.job_store.FirestoreJobStore``; None: not run).
+    jobs: Any = None

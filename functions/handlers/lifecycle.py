@@ -24,7 +24,7 @@ from events import (
     to_pubsub,
 )
 from events.payloads import WORKSPACE_SEPARATOR
-from functions.domain import admission
+from functions.domain import admission, retention
 from functions.domain.lifecycle import (
     Decision,
     Destroy,
@@ -190,7 +190,10 @@ def _execute(item: dict[str, Any], deps: Deps, event: Event[Any]) -> None:
         return
     if kind == Destroy.__name__:
         deps.runtime.destroy(ws_id, keep_home=item["keep_home"])
-        released = deps.snapshots.discard_all(ws_id)
+        # Snapshots go with the workspace unless the retention policy keeps them (the
+        # janitor then expires them by age, count and bytes like any other).
+        released = (deps.snapshots.discard_all(ws_id)
+                    if _snapshots_go_with(ws_id, deps) else 0)
         apply(event, RuntimeDestroyed(ws_id, released), deps, "internal-destroyed")
         return
     ws = deps.store.get_workspace(ws_id)
@@ -213,6 +216,11 @@ def _execute(item: dict[str, Any], deps: Deps, event: Event[Any]) -> None:
             operation = "provision" if kind == Provision.__name__ else "resume"
             failure = WorkspaceRuntimeFailed(ws_id, operation, str(exc))
         deps.bus.publish(new_event(failure, source=SOURCE, requestid=event.requestid))
+
+
+def _snapshots_go_with(ws_id: str, deps: Deps) -> bool:
+    ws = deps.store.get_workspace(ws_id)
+    return ws is None or retention.deletes_with_workspace(deps.catalog(), ws.team, ws.profile)
 
 
 def workspace_spec(ws: Workspace, deps: Deps, requestid: str) -> WorkspaceSpec:

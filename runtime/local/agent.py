@@ -17,6 +17,7 @@ and serves, on 127.0.0.1 only (JSON in and out; errors are ``{"error": message}`
     POST   /workspaces/<id>/restore         {snapshot_id, bucket, prefix, spec, requestid}
                                             -> 202; workspace.ready or runtime_failed
     DELETE /workspaces/<id>?keep_home=true  stop, delete home unless kept, forget -> 200
+    ...    /sandboxes[/<id>]                agent sandboxes (see ``runtime.local.sandboxes``)
 
 Status codes: 400 a malformed request, 404 an unknown workspace, 409 a permanent refusal
 (hardware the host lacks, a workspace that is not running), 503 busy with another
@@ -40,6 +41,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from runtime.local.node import AgentError, BadRequest, NodeAgent
 from runtime.local.publisher import Publisher, PubSubPublisher
+from runtime.local.sandboxes import register_sandboxes
 from runtime.local.settings import HOST, AgentSettings
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ def create_app(
             raise BadRequest(f"keep_home must be true or false, got {raw!r}")
         return jsonify(node.destroy(workspace_id, keep_home=raw in _TRUE))
 
+    register_sandboxes(app, settings, getattr(node, "publisher", None))  # /sandboxes/...
     return app
 
 

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import psutil
+
 from events import (
     SnapshotFinished,
     WorkspaceReady,
@@ -39,6 +41,7 @@ from events import (
     new_event,
 )
 from runtime.local import servers, snapshots
+from runtime.local.gpu import GpuProbe
 from runtime.local.host import (
     ProfileError,
     available_cpus,
@@ -132,6 +135,7 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._timers: list[threading.Timer] = []
         self._started = False
+        self._gpu = GpuProbe()
 
     # -- life of the agent ---------------------------------------------------------------
 
@@ -230,7 +234,8 @@ class NodeAgent:
 
     def activity(self, workspace_id: str) -> dict[str, Any]:
         """Activity signals for the idle policy: the server's last activity, how many
-        kernels are busy, how many clients are connected."""
+        kernels are busy, how many clients are connected, and how busy the GPUs its
+        processes use are (None without ``nvidia-smi`` or a GPU process)."""
         server = self._running_server(workspace_id)
         with _client(server, timeout=10) as client:
             try:
@@ -245,6 +250,7 @@ class NodeAgent:
             "busy_kernels": sum(1 for k in kernels if k.get("execution_state") == "busy"),
             "kernels": len(kernels),
             "connections": int(status.get("connections") or 0),
+            "gpu_utilization": self._gpu.utilization(_process_tree(server.pid)),
             "observed_at": self._clock().isoformat(),
         }
 
@@ -855,6 +861,15 @@ def _accelerator(spec: Mapping[str, Any]) -> tuple[str | None, int]:
 def _describe_op(operation: Operation) -> str:
     what = operation.kind + (f" {operation.snapshot_id}" if operation.snapshot_id else "")
     return f"{what} in progress since {datetime.fromtimestamp(operation.started_at, UTC):%H:%M:%S}"
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (a workspace's server, kernels, terminals)."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(p.pid for p in root.children(recursive=True))]
+    except psutil.Error:
+        return [pid]
 
 
 def _client(server: ServerProcess, timeout: float = 30.0) -> Any:

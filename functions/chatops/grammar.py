@@ -1,0 +1,363 @@
+"""The ``/ws`` grammar: text in, a Command, a Help or a ParseError out. Pure, never raises.
+
+Each verb is described once, as data (:data:`VERBS`): its positional arguments, its flags,
+a summary and examples. The parser, the per-command ``--help`` and the "did you mean"
+suggestions are all derived from that table, so they cannot disagree.
+
+Forms accepted for every verb: ``--flag value``, ``--flag=value``, ``-h`` / ``--help``
+anywhere, and the positional shortcuts the table names (``/ws create mynb cpu-small`` is
+``/ws create mynb --profile cpu-small``). Verbs and flags are case-insensitive; names are
+not (they are validated and a fix is suggested). Chat clients "improve" what people type:
+an em or en dash where ``--`` was typed, smart quotes, non-breaking spaces; these are read
+as what was meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from dataclasses import dataclass
+from enum import StrEnum
+
+COMMAND = "/ws"
+NAME_PATTERN = re.compile(r"[a-z](-?[a-z0-9]){1,39}")
+NAME_MAX = 40
+_SHOWN_MAX = 40
+
+
+class Verb(StrEnum):
+    CREATE = "create"
+    LIST = "list"
+    STATUS = "status"
+    PAUSE = "pause"
+    RESUME = "resume"
+    DELETE = "delete"
+    SNAPSHOTS = "snapshots"
+    CATALOG = "catalog"
+    QUOTA = "quota"
+    LINK = "link"
+    REVOKE = "revoke"
+    HELP = "help"
+
+
+#: Verbs that change a workspace: they publish an event and a notification follows.
+ACTIONS = frozenset({Verb.CREATE, Verb.PAUSE, Verb.RESUME, Verb.DELETE})
+
+ALIASES: dict[str, Verb] = {"ls": Verb.LIST, "rm": Verb.DELETE, "info": Verb.STATUS,
+                            "?": Verb.HELP}
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    help: str
+    metavar: str = ""  # empty: a switch without a value
+
+    @property
+    def takes_value(self) -> bool:
+        return bool(self.metavar)
+
+    def usage(self) -> str:
+        return f"--{self.name} {self.metavar}" if self.takes_value else f"--{self.name}"
+
+
+@dataclass(frozen=True)
+class Positional:
+    field: str  # the Command field it fills
+    metavar: str
+    required: bool = True
+
+    def usage(self) -> str:
+        return self.metavar if self.required else f"[{self.metavar}]"
+
+
+_TEAM = Flag("team", "act in this team (default: your first team)", "TEAM")
+_PROFILE = Flag("profile", "hardware profile (see `/ws catalog`)", "PROFILE")
+_NAME = Positional("name", "NAME")
+
+
+@dataclass(frozen=True)
+class VerbSpec:
+    verb: Verb
+    summary: str
+    positionals: tuple[Positional, ...] = ()
+    flags: tuple[Flag, ...] = ()
+    examples: tuple[str, ...] = ()
+
+    def usage(self) -> str:
+        parts = [COMMAND, str(self.verb), *(p.usage() for p in self.positionals)]
+        parts += [f"[{f.usage()}]" for f in self.flags]
+        return " ".join(parts)
+
+    def flag(self, name: str) -> Flag | None:
+        return next((f for f in self.flags if f.name == name), None)
+
+
+VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
+    VerbSpec(Verb.CREATE, "create a workspace",
+             (_NAME, Positional("profile", "PROFILE", required=False)),
+             (_PROFILE, Flag("ide", "jupyterlab or vscode", "IDE"),
+              Flag("env", "environment (see `/ws catalog`)", "ENV"), _TEAM),
+             ("/ws create mynb --profile cpu-small",
+              "/ws create mynb gpu-small --env python-3-11")),
+    VerbSpec(Verb.LIST, "your team's workspaces and their state", (),
+             (Flag("all", "include deleted workspaces"), _TEAM), ("/ws list",)),
+    VerbSpec(Verb.STATUS, "state, URL, timings and snapshot of a workspace", (_NAME,),
+             (_TEAM,), ("/ws status mynb",)),
+    VerbSpec(Verb.PAUSE, "pause with the running state (kernels kept, hardware released)",
+             (_NAME,), (_TEAM,), ("/ws pause mynb",)),
+    VerbSpec(Verb.RESUME, "resume into the live kernels, optionally on another profile",
+             (_NAME, Positional("profile", "PROFILE", required=False)), (_PROFILE, _TEAM),
+             ("/ws resume mynb", "/ws resume mynb --profile cpu-large")),
+    VerbSpec(Verb.DELETE, "delete a workspace and its snapshots", (_NAME,),
+             (Flag("keep-home", "keep the home directory (files, installed packages)"), _TEAM),
+             ("/ws delete mynb", "/ws delete mynb --keep-home")),
+    VerbSpec(Verb.SNAPSHOTS, "the snapshots of a workspace", (_NAME,), (_TEAM,),
+             ("/ws snapshots mynb",)),
+    VerbSpec(Verb.CATALOG, "what your team may use: profiles with costs, environments, IDEs",
+             (), (_TEAM,), ("/ws catalog",)),
+    VerbSpec(Verb.QUOTA, "your team's quotas and what it uses", (), (_TEAM,), ("/ws quota",)),
+    VerbSpec(Verb.LINK, "a short-lived link for a coding agent to a workspace", (_NAME,),
+             (_TEAM,), ("/ws link mynb",)),
+    VerbSpec(Verb.REVOKE, "revoke an agent link", (Positional("link", "LINK_ID"),), (_TEAM,),
+             ("/ws revoke lnk-3f2a",)),
+    VerbSpec(Verb.HELP, "this help, or one command's", (Positional("topic", "COMMAND",
+                                                                   required=False),),
+             (), ("/ws help", "/ws help create")),
+)}
+
+
+@dataclass(frozen=True)
+class Command:
+    verb: Verb
+    name: str | None = None
+    team: str | None = None
+    profile: str | None = None
+    ide: str | None = None
+    environment: str | None = None
+    keep_home: bool = False
+    all: bool = False
+    link: str | None = None
+
+
+@dataclass(frozen=True)
+class Help:
+    """Show the help of ``topic`` (None: the overview)."""
+
+    topic: Verb | None = None
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """What was wrong and what to type instead; ``verb`` when the verb itself was fine."""
+
+    message: str
+    verb: Verb | None = None
+
+
+Parsed = Command | Help | ParseError
+
+# Values checked as slugs, and the Command field each flag fills.
+_FIELD_OF_FLAG = {"team": "team", "profile": "profile", "ide": "ide", "env": "environment",
+                  "keep-home": "keep_home", "all": "all"}
+_SLUG_FIELDS = {"name": "name", "team": "team", "profile": "profile", "ide": "IDE",
+                "environment": "environment"}
+_DASHES = str.maketrans({"\u2014": "--", "\u2013": "--", "\u2015": "--", "\u2212": "-",
+                         "\u2012": "-", "\u2010": "-", "\u2011": "-"})
+_QUOTES = str.maketrans("", "", "\"'\u201c\u201d\u2018\u2019`")
+
+
+def parse(text: str) -> Parsed:
+    """The command in the text after ``/ws``. Total: any string gives one of the three."""
+    tokens = _tokens(text)
+    if not tokens:
+        return Help()
+    head, rest = tokens[0], tokens[1:]
+    if head.lower() in ("-h", "--help", "help") or ALIASES.get(head.lower()) == Verb.HELP:
+        return _help_topic(rest)
+    verb = _verb(head.lower())
+    if verb is None:
+        return ParseError(f"there is no command `{show(head)}`.{_did_you_mean_verb(head)} "
+                          f"Commands: {', '.join(v for v in VERBS if v != Verb.HELP)}; "
+                          f"`{COMMAND} help` explains them.")
+    return _parse_verb(VERBS[verb], rest)
+
+
+def _help_topic(rest: list[str]) -> Parsed:
+    if not rest:
+        return Help()
+    verb = _verb(rest[0].lower().lstrip("-"))
+    if verb is None:
+        return ParseError(f"there is no command `{show(rest[0])}` to explain."
+                          f"{_did_you_mean_verb(rest[0])}", Verb.HELP)
+    return Help(verb)
+
+
+def _parse_verb(spec: VerbSpec, tokens: list[str]) -> Parsed:
+    values: dict[str, str | bool] = {}
+    positionals: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token.lower() in ("-h", "--help"):
+            return Help(spec.verb)
+        if not token.startswith("-") or token == "-":
+            positionals.append(token)
+            continue
+        name, eq, inline = token.lstrip("-").partition("=")
+        flag = spec.flag(name.lower())
+        if flag is None:
+            return _error(spec, f"`{show(token)}` is not an option of `{spec.verb}`."
+                                f"{_did_you_mean_flag(spec, name)}")
+        field = _FIELD_OF_FLAG[flag.name]
+        if field in values:
+            return _error(spec, f"`--{flag.name}` is given twice.")
+        if not flag.takes_value:
+            if eq:
+                return _error(spec, f"`--{flag.name}` takes no value.")
+            values[field] = True
+            continue
+        if eq:
+            value = inline
+        elif i < len(tokens) and not tokens[i].startswith("--"):
+            value = tokens[i]
+            i += 1
+        else:
+            return _error(spec, f"`--{flag.name}` needs a value: `--{flag.name} "
+                                f"{flag.metavar}`.")
+        values[field] = value
+    for position, given in zip(spec.positionals, positionals, strict=False):
+        if position.field in values:
+            return _error(spec, f"{position.metavar} is given twice (`{show(given)}` and "
+                                f"`--{position.field}`).")
+        values[position.field] = given
+    if len(positionals) > len(spec.positionals):
+        extra = positionals[len(spec.positionals)]
+        return _error(spec, f"unexpected `{show(extra)}`.")
+    missing = [p for p in spec.positionals if p.required and p.field not in values]
+    if missing:
+        return _error(spec, f"{missing[0].metavar} is missing.")
+    for field, what in _SLUG_FIELDS.items():
+        slug = values.get(field)
+        if isinstance(slug, str):
+            problem = check_name(slug, what)
+            if problem:
+                return _error(spec, problem)
+    link = values.get("link")
+    if isinstance(link, str) and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", link):
+        return _error(spec, f"`{show(link)}` is not a link id (see the id `{COMMAND} link` "
+                            "printed).")
+    def text(field: str) -> str | None:
+        value = values.get(field)
+        return value if isinstance(value, str) else None
+
+    return Command(spec.verb, name=text("name"), team=text("team"), profile=text("profile"),
+                   ide=text("ide"), environment=text("environment"),
+                   keep_home=values.get("keep_home") is True, all=values.get("all") is True,
+                   link=text("link"))
+
+
+def check_name(value: str, what: str = "name") -> str | None:
+    """None if ``value`` is a valid slug, else why not and, when one exists, a fix."""
+    if NAME_PATTERN.fullmatch(value):
+        return None
+    fix = suggest_name(value)
+    hint = f" Try `{fix}`." if fix and fix != value else ""
+    shown = show(value)
+    if "--" in value:
+        why = f"{what} `{shown}` has a double dash, which separates team and name in ids."
+    elif len(value) > NAME_MAX:
+        why = f"{what} `{shown}` is longer than {NAME_MAX} characters."
+    elif value.lower() != value and NAME_PATTERN.fullmatch(value.lower()):
+        why = f"{what}s are lowercase."
+    elif len(value) < 2:
+        why = f"{what} `{shown}` is too short: at least 2 characters."
+    else:
+        why = (f"{what} `{shown}` is not valid: use a-z, 0-9 and single dashes, start with a "
+               "letter, do not end with a dash.")
+    return why + hint
+
+
+def suggest_name(value: str) -> str | None:
+    """The nearest valid slug (lowercase ASCII, single dashes), or None if there is none."""
+    ascii_ = unicodedata.normalize("NFKD", value).encode("ascii", "ignore").decode().lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_)
+    slug = re.sub(r"^[^a-z]+", "", slug)[:NAME_MAX].strip("-")
+    return slug if NAME_PATTERN.fullmatch(slug) else None
+
+
+def show(token: str) -> str:
+    """A user's token, safe to echo inside a code span: no control characters, no backticks,
+    Slack's markup characters escaped, at most a few dozen characters."""
+    clean = "".join(c if c.isprintable() else "?" for c in token).replace("`", "'")
+    if len(clean) > _SHOWN_MAX:
+        clean = clean[:_SHOWN_MAX - 1] + "…"
+    return clean.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def usage(verb: Verb) -> str:
+    return VERBS[verb].usage()
+
+
+def help_text(topic: Verb | None = None) -> str:
+    """The overview, or one command's usage, options and examples."""
+    if topic is None:
+        lines = [f"`{COMMAND} <command>`: your ML workspaces, paused with their live kernels "
+                 "and resumed into them.", ""]
+        lines += [f"• `{v}`  {spec.summary}" for v, spec in VERBS.items()]
+        lines += ["", f"`{COMMAND} <command> --help` for its options, e.g. "
+                      f"`{COMMAND} create --help`."]
+        return "\n".join(lines)
+    spec = VERBS[topic]
+    lines = [f"`{spec.usage()}`", spec.summary]
+    if spec.flags:
+        lines += [""] + [f"• `{f.usage()}`  {f.help}" for f in spec.flags]
+    if spec.examples:
+        lines += ["", "Examples:"] + [f"`{e}`" for e in spec.examples]
+    return "\n".join(lines)
+
+
+def _tokens(text: str) -> list[str]:
+    text = unicodedata.normalize("NFC", text).translate(_DASHES).translate(_QUOTES)
+    return text.split()
+
+
+def _verb(word: str) -> Verb | None:
+    if word in ALIASES:
+        return ALIASES[word]
+    try:
+        return Verb(word)
+    except ValueError:
+        return None
+
+
+def _did_you_mean_verb(word: str) -> str:
+    word = word.lower()
+    candidates = [str(v) for v in VERBS]
+    close = difflib.get_close_matches(word, candidates, n=2, cutoff=0.6)
+    if not close and len(word) >= 2:
+        close = [c for c in candidates if c.startswith(word)][:2]
+    return _did_you_mean(close)
+
+
+def _did_you_mean_flag(spec: VerbSpec, name: str) -> str:
+    names = [f.name for f in spec.flags]
+    close = difflib.get_close_matches(name.lower(), names, n=2, cutoff=0.6)
+    shown = [f"--{c}" for c in close]
+    if shown:
+        return _did_you_mean(shown)
+    options = ", ".join(f"`{f.usage()}`" for f in spec.flags)
+    return f" Options: {options}." if options else f" `{spec.verb}` takes no options."
+
+
+def _did_you_mean(close: list[str]) -> str:
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(f"`{c}`" for c in close) + "?"
+
+
+def _error(spec: VerbSpec, message: str) -> ParseError:
+    return ParseError(f"{message}\nUsage: `{spec.usage()}` (`{COMMAND} {spec.verb} --help` "
+                      "for more).", spec.verb)

@@ -1,0 +1,309 @@
+"""Everything the bot says, and where it says it. Pure: data in, Slack message dicts out.
+
+Messages are Slack message payloads (``text`` in Slack's mrkdwn, ``response_type``,
+``metadata``). The metadata is Slack's own message-metadata feature; it carries the
+request id and the workspace state so that tools reading the conversation (``stasis chat``)
+can follow one request without parsing prose.
+
+A reply target (:class:`ReplyTarget`) is where a request's outcome goes: the Slack user
+(``chat.postMessage`` to their direct messages), and the request's ``response_url`` while
+Slack accepts it (30 minutes, 5 messages). It travels as ``WorkspaceRequested.reply_to``
+(``slack:{json}``) and in the chat record of each request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from events.payloads import WorkspaceStateChanged
+from functions.domain.catalog import Catalog, Team
+from functions.domain.lifecycle import Workspace
+
+REPLY_SCHEME = "slack:"
+RESPONSE_URL_TTL = timedelta(minutes=30)
+RESPONSE_URL_USES = 5
+ACK_EVENT_TYPE = "stasis_request"
+NOTE_EVENT_TYPE = "stasis_workspace_state"
+
+_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+# -- people's units --------------------------------------------------------------------------
+
+
+def human_size(n: int) -> str:
+    """``1288490189`` -> ``"1.2 GiB"``; at most one decimal, binary units."""
+    for unit, size in _UNITS:
+        if n >= size:
+            return f"{_one_decimal(n / size)} {unit}"
+    return f"{max(n, 0)} B"
+
+
+def human_duration(ms: int | float) -> str:
+    """``3400`` -> ``"3.4 s"``, ``850`` -> ``"850 ms"``, ``125000`` -> ``"2 min 5 s"``."""
+    ms = max(0.0, float(ms))
+    if ms < 1000:
+        return f"{round(ms)} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{_one_decimal(seconds)} s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
+    return f"{whole // 3600} h" + (f" {whole % 3600 // 60} min" if whole % 3600 // 60 else "")
+
+
+def _one_decimal(x: float) -> str:
+    return f"{math.floor(x * 10 + 0.5) / 10:g}"
+
+
+# -- where replies go ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplyTarget:
+    """Where a chat request's outcome is told."""
+
+    user: str
+    channel: str | None = None
+    team: str | None = None
+    response_url: str | None = None
+    issued_at: datetime | None = None
+
+    def encode(self) -> str:
+        data = {"user": self.user, "channel": self.channel, "team": self.team,
+                "response_url": self.response_url,
+                "issued_at": self.issued_at.isoformat() if self.issued_at else None}
+        return REPLY_SCHEME + json.dumps({k: v for k, v in data.items() if v is not None},
+                                         separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def decode(cls, text: str | None) -> ReplyTarget | None:
+        """The target in ``text``, or None if it is not a Slack reply target (a CLI
+        request) or is malformed: a notification is then simply not sent."""
+        if not text or not text.startswith(REPLY_SCHEME):
+            return None
+        try:
+            data = json.loads(text[len(REPLY_SCHEME):])
+            issued = data.get("issued_at")
+            user = data["user"]
+            if not isinstance(user, str) or not user:
+                return None
+            return cls(user=user, channel=data.get("channel"), team=data.get("team"),
+                       response_url=data.get("response_url"),
+                       issued_at=datetime.fromisoformat(issued) if issued else None)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def response_url_valid(self, now: datetime) -> bool:
+        """Whether Slack still takes messages on the response_url (by age; the use count
+        is kept in the chat record, and Slack's answer is the last word)."""
+        return bool(self.response_url and self.issued_at
+                    and now - self.issued_at < RESPONSE_URL_TTL)
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def ack(text: str, requestid: str, *, follow: bool = False,
+        workspace_id: str | None = None) -> dict[str, Any]:
+    """The immediate, ephemeral answer to a slash command; it names the request id."""
+    return {
+        "response_type": "ephemeral",
+        "text": f"{text}\n_request `{requestid}`_",
+        "metadata": {"event_type": ACK_EVENT_TYPE, "event_payload": {
+            "requestid": requestid, "follow": follow, "workspace_id": workspace_id or ""}},
+    }
+
+
+@dataclass(frozen=True)
+class Notification:
+    text: str
+    state: str
+
+    def message(self, change: WorkspaceStateChanged, requestid: str) -> dict[str, Any]:
+        return {
+            "response_type": "ephemeral",
+            "text": self.text,
+            "metadata": {"event_type": NOTE_EVENT_TYPE, "event_payload": {
+                "requestid": requestid, "workspace_id": change.workspace_id,
+                "state": change.to_state, "reason": change.reason,
+                "version": change.version}},
+        }
+
+
+def notification(change: WorkspaceStateChanged, workspace: Workspace | None,
+                 snapshot: Mapping[str, Any] | None) -> Notification | None:
+    """What to tell the requester about ``change``, or None for states the ack announced
+    already (PROVISIONING, PAUSING, RESUMING, DELETING).
+
+    ``workspace`` is the document as read now (timings, pause cause, keep_home) and
+    ``snapshot`` the record of its current snapshot (bytes, skipped variables); either may
+    be missing or newer than the change, and the text degrades instead of failing.
+    """
+    name, to, reason = change.name, change.to_state, change.reason
+    ws = workspace if workspace is not None and workspace.version >= change.version else None
+    message = change.message.rstrip(". ")
+    if to == "RUNNING" and reason == "snapshot_failed":
+        return Notification(f"pause of {name} failed: {message or 'the snapshot failed'}. "
+                            f"It is still RUNNING, nothing was lost; try `/ws pause {name}` "
+                            "again.", to)
+    if to == "RUNNING":
+        url = change.url or "(no URL reported)"
+        if change.from_state == "RESUMING":
+            took = _took(ws.last_resume_ms if ws else None)
+            return Notification(f"{name} resumed: RUNNING again{took} with its kernels: {url}",
+                                to)
+        took = _took(ws.first_start_ms if ws else None)
+        return Notification(f"{name} is RUNNING{took}: {url}", to)
+    if to == "PAUSED":
+        return Notification(_paused(name, message, ws, snapshot), to)
+    if to == "FAILED":
+        return Notification(_failed(name, reason, message), to)
+    if to == "DELETED":
+        kept = " Its home directory was kept." if ws is not None and ws.keep_home else ""
+        return Notification(f"{name} deleted.{kept}", to)
+    return None
+
+
+def _took(ms: int | None) -> str:
+    return f" in {human_duration(ms)}" if ms is not None else ""
+
+
+def _paused(name: str, why: str, ws: Workspace | None,
+            snapshot: Mapping[str, Any] | None) -> str:
+    size = snapshot.get("bytes") if snapshot else None
+    ms = ws.last_pause_ms if ws and ws.last_pause_ms is not None else (
+        snapshot.get("duration_ms") if snapshot else None)
+    what = f"{human_size(int(size))}" if isinstance(size, int) else ""
+    when = f"in {human_duration(ms)}" if isinstance(ms, int | float) else ""
+    detail = " ".join(p for p in (what, when) if p)
+    # A pause the owner did not ask for (idle policy, schedule) carries why in its message.
+    text = f"{name} paused" + (f" — {detail}" if detail else "") + (f" ({why})" if why else "")
+    text += "."
+    skipped = [s for s in (snapshot or {}).get("skipped") or [] if isinstance(s, Mapping)]
+    if skipped:
+        names = ", ".join(f"`{s.get('name', '?')}` ({s.get('reason', 'not capturable')})"
+                          for s in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        text += f" Not kept: {names}{more}."
+    return text + f" Hardware released; resume with `/ws resume {name}`."
+
+
+def for_chat(message: str) -> str:
+    """A domain message as chat says it: the CLI commands it suggests become /ws ones."""
+    return message.replace("`stasis ws ", "`/ws ")
+
+
+def _failed(name: str, reason: str, message: str) -> str:
+    why = for_chat(message) or "no reason was given"
+    if reason == "admission_refused":
+        return f"{name} was not created: {why}."
+    if reason == "resume_failed":
+        return (f"resume of {name} failed: {why} — its snapshot is kept: try "
+                f"`/ws resume {name}` again, or on another profile with "
+                f"`/ws resume {name} --profile PROFILE` (see `/ws catalog`).")
+    if reason == "provision_failed":
+        return (f"{name} failed to start: {why} — try `/ws delete {name}` and create it "
+                "again, or another profile (see `/ws catalog`).")
+    return f"{name} FAILED: {why} — see `/ws status {name}`; `/ws delete {name}` cleans up."
+
+
+# -- listings ------------------------------------------------------------------------------
+
+
+def workspace_list(team: str, workspaces: Iterable[Workspace], *, include_deleted: bool) -> str:
+    rows = sorted((w for w in workspaces if include_deleted or w.state != "DELETED"),
+                  key=lambda w: w.name)
+    if not rows:
+        return f"Team {team} has no workspaces. Create one: `/ws create NAME --profile PROFILE`."
+    lines = [f"Workspaces of team {team}:"]
+    for w in rows:
+        url = f"  {w.url}" if w.url and w.state == "RUNNING" else ""
+        lines.append(f"• `{w.name}`  {w.state}  {w.profile}  ({w.owner}){url}")
+    return "\n".join(lines)
+
+
+def workspace_status(ws: Workspace, snapshot: Mapping[str, Any] | None) -> str:
+    lines = [f"`{ws.name}` (team {ws.team}, owner {ws.owner}): *{ws.state}*"]
+    if ws.state_message:
+        lines.append(f"  {ws.state_message}")
+    lines.append(f"  profile {ws.profile}, {ws.ide}, {ws.environment}")
+    if ws.url and ws.state == "RUNNING":
+        lines.append(f"  URL: {ws.url}")
+    timings = [(label, ms) for label, ms in (("first start", ws.first_start_ms),
+                                              ("last pause", ws.last_pause_ms),
+                                              ("last resume", ws.last_resume_ms))
+               if ms is not None]
+    if timings:
+        lines.append("  " + ", ".join(f"{label} {human_duration(ms)}" for label, ms in timings))
+    if ws.current_snapshot:
+        size = (snapshot or {}).get("bytes")
+        shown = f" ({human_size(size)})" if isinstance(size, int) else ""
+        lines.append(f"  snapshot `{ws.current_snapshot}`{shown}")
+    return "\n".join(lines)
+
+
+def snapshot_list(name: str, snapshots: Sequence[Mapping[str, Any]]) -> str:
+    if not snapshots:
+        return f"`{name}` has no snapshots; `/ws pause {name}` makes one."
+    lines = [f"Snapshots of `{name}`:"]
+    for s in snapshots:
+        size = s.get("bytes")
+        took = s.get("duration_ms")
+        expires = s.get("expires_at")
+        parts = [f"• `{s.get('id', '?')}`", str(s.get("status", "?")),
+                 human_size(size) if isinstance(size, int) else "?",
+                 f"in {human_duration(took)}" if isinstance(took, int | float) else ""]
+        if isinstance(expires, datetime):
+            parts.append(f"expires {expires:%Y-%m-%d}")
+        lines.append("  ".join(p for p in parts if p))
+    return "\n".join(lines)
+
+
+def catalog_for(catalog: Catalog, team: Team) -> str:
+    """What ``team`` may use: its profiles with costs and idle rules, environments, IDEs."""
+    lines = [f"What team {team.id} may use:", "", "*Profiles* (hourly cost while running):"]
+    for p in catalog.profiles_for(team.id):
+        acc = f", {p.accelerator}" if p.accelerator else ""
+        idle = (f", pauses after {human_duration(p.idle_policy.rules[0].idle_seconds * 1000)} "
+                "idle" if p.idle_policy.rules else "")
+        lines.append(f"• `{p.id}`  {p.title}{acc}, ${p.hourly_cost:.2f}/h, "
+                     f"{p.provisioning}{idle}")
+    lines += ["", "*Environments:*"]
+    for e in catalog.listed_environments():
+        note = f" (deprecated: {e.message})" if e.status == "deprecated" and e.message else ""
+        lines.append(f"• `{e.id}`  {e.title}{note}")
+    lines += ["", "*IDEs:* " + ", ".join(f"`{i.id}`" for i in catalog.ides.values())]
+    pricing = catalog.pricing
+    if pricing.disk_gb_month or pricing.snapshot_gb_month:
+        lines += ["", f"Storage: home disks ${pricing.disk_gb_month:.2f} and snapshots "
+                      f"${pricing.snapshot_gb_month:.2f} per GB-month, paused or not."]
+    return "\n".join(lines)
+
+
+def quota_for(team: Team, usage: Mapping[str, Any]) -> str:
+    q = team.quotas
+
+    def used(key: str) -> int:
+        value = usage.get(key, 0)
+        return value if isinstance(value, int) else 0
+
+    return "\n".join([
+        f"Team {team.id} uses:",
+        f"• workspaces {used('workspaces')}/{q.workspaces} (paused ones count)",
+        f"• GPUs {used('gpus')}/{q.gpus} (running workspaces only)",
+        f"• TPU chips {used('tpus')}/{q.tpus}",
+        f"• snapshots {human_size(used('snapshot_bytes'))}/{human_size(q.snapshot_bytes)}",
+    ])
+
+
+def who_to_ask(catalog: Catalog) -> str:
+    """For a Slack user Stasis does not know: whom to ask, team by team."""
+    contacts = [f"{t.who_to_ask} (team {t.id})" for t in catalog.teams.values()]
+    return "; ".join(contacts) if contacts else "a Stasis admin"

@@ -1,0 +1,244 @@
+"""The ``/ws`` slash command: who is asking, which team, what they may do, then one event.
+
+:func:`answer` turns a verified slash command into the ephemeral reply Slack shows at once
+(the ack, within Slack's 3 seconds) and, for a change (create, pause, resume, delete),
+publishes the event that does the work. It never raises: whatever happens, the user gets
+a reply that names the request id.
+
+What runs inside the request, and why it is cheap: the catalog (cached by bootstrap), one
+to three plain document reads, one write (the request's reply record, so the notification
+can find the response_url), one publish. No transaction, no runtime call.
+
+Rules:
+
+- Identity: the Slack user id maps to a Stasis user through the applied catalog
+  (``slack_user_id`` of a team member). An unknown user is told whom to ask.
+- Isolation: every name is resolved inside one team the user belongs to (``--team``, else
+  their first); workspace ids are ``<team>--<name>``, so another team's workspace cannot
+  even be named. Changing a workspace takes its owner or an admin of its team.
+- Before publishing, the lifecycle's own pure ``decide`` is asked on the document as read
+  now, so "already paused" or "no such workspace" is answered at once instead of as a
+  silent refusal later. Create and resume are also charged, on a copy of the team's usage,
+  with the lifecycle's own ``admission.charge``, so "team ml-b uses 1/1 GPUs" comes at
+  once too (the lifecycle's transaction stays the authority).
+- On a Slack retry (``X-Slack-Retry-Num``) the preview is skipped: the document may already
+  show the first attempt's effect. The event (same ``requestid``, same event id) is
+  published again, and the consumers' ledger drops it as a duplicate: one effect.
+- A refusal the lifecycle makes later (a race the preview could not see) changes no state,
+  so no notification follows it; ``/ws status`` shows where the workspace is.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from events import (
+    WorkspaceDeleteRequested,
+    WorkspacePauseRequested,
+    WorkspaceRequested,
+    WorkspaceResumeRequested,
+    new_event,
+)
+from events.payloads import workspace_id
+from functions.chatops import grammar, replies
+from functions.chatops.grammar import Command, Help, ParseError, Verb, show
+from functions.chatops.ports import ChatDeps, SlashRequest
+from functions.domain import admission
+from functions.domain.catalog import Catalog, Refusal, Resolution, Resolved, Role, Team
+from functions.domain.lifecycle import State, Workspace, decide
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+SOURCE = "//stasis/chat"
+RECORD_TTL = timedelta(days=7)
+DEFAULT_IDE = "jupyterlab"
+DEFAULT_ENVIRONMENT = "python-3-11"
+
+
+class _Reply(Exception):
+    """An early answer (a refusal, a listing): raised to keep the ladder flat."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
+    """The ack for ``req``: a Slack message payload. Never raises."""
+    try:
+        return _answer(req, deps)
+    except _Reply as reply:
+        return replies.ack(reply.text, req.requestid)
+    except Exception as exc:  # the user must always get an answer
+        log.exception("chat request %s failed", req.requestid)
+        return replies.ack(f"Something went wrong on our side ({type(exc).__name__}); "
+                           "nothing was requested. Try again in a moment, and tell your "
+                           "Stasis admin the request id if it keeps failing.", req.requestid)
+
+
+def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
+    parsed = grammar.parse(req.text)
+    if isinstance(parsed, Help):
+        raise _Reply(grammar.help_text(parsed.topic))
+    if isinstance(parsed, ParseError):
+        raise _Reply(parsed.message)
+    cmd = parsed
+    catalog: Catalog = deps.catalog()
+    user = catalog.user_for_slack(req.user)
+    if user is None:
+        raise _Reply(f"I don't know you yet: Slack user `{show(req.user)}` is not mapped to a "
+                     f"Stasis user. Ask {replies.who_to_ask(catalog)} to add "
+                     f"`slack_user_id: {show(req.user)}` to your entry in the admin file.")
+    team = _team(catalog, user, cmd.team)
+    if cmd.verb == Verb.LIST:
+        raise _Reply(replies.workspace_list(team.id, deps.reads.list_workspaces(team=team.id),
+                                            include_deleted=cmd.all))
+    if cmd.verb == Verb.CATALOG:
+        raise _Reply(replies.catalog_for(catalog, team))
+    if cmd.verb == Verb.QUOTA:
+        doc = deps.reads.get("teams", team.id) or {}
+        raise _Reply(replies.quota_for(team, doc.get("usage") or {}))
+    if cmd.verb in (Verb.LINK, Verb.REVOKE):
+        raise _Reply("Agent links are not available on this deployment yet.")
+    if cmd.verb == Verb.CREATE:
+        return _create(req, deps, catalog, team, user, cmd)
+    assert cmd.name is not None  # the grammar requires NAME for the remaining verbs
+    ws = _find(deps, team, cmd.name)
+    if cmd.verb == Verb.STATUS:
+        snapshot = deps.reads.get("snapshots", ws.current_snapshot) if ws.current_snapshot \
+            else None
+        raise _Reply(replies.workspace_status(ws, snapshot))
+    if cmd.verb == Verb.SNAPSHOTS:
+        raise _Reply(replies.snapshot_list(ws.name, deps.reads.snapshots(ws.id)))
+    _may_change(team, user, ws, cmd.verb)
+    payload: Any
+    if cmd.verb == Verb.PAUSE:
+        payload = WorkspacePauseRequested(workspace_id=ws.id, actor=user)
+        text = (f"Pausing {ws.name}: its kernels' state goes to a snapshot, then the hardware "
+                "is released. I'll tell you here when it is paused.")
+    elif cmd.verb == Verb.RESUME:
+        if cmd.profile:
+            _resolved(catalog.resolve_profile(team.id, cmd.profile))
+        payload = WorkspaceResumeRequested(workspace_id=ws.id, actor=user, profile=cmd.profile)
+        on = f" on {cmd.profile}" if cmd.profile and cmd.profile != ws.profile else ""
+        text = f"Resuming {ws.name}{on} into its live kernels. I'll tell you when it is running."
+    else:
+        payload = WorkspaceDeleteRequested(workspace_id=ws.id, actor=user,
+                                           keep_home=cmd.keep_home)
+        kept = " Its home directory is kept." if cmd.keep_home else ""
+        text = f"Deleting {ws.name}.{kept} I'll tell you when it is gone."
+    return _submit(req, deps, catalog, ws, payload, user, team, cmd, text)
+
+
+def _create(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, user: str,
+            cmd: Command) -> dict[str, Any]:
+    assert cmd.name is not None
+    if not team.profiles:
+        raise _Reply(f"Team {team.id} has no hardware profiles yet; ask {team.who_to_ask}.")
+    profile = _resolved(catalog.resolve_profile(team.id, cmd.profile or team.profiles[0])).value
+    env = _resolved(catalog.resolve_environment(cmd.environment or DEFAULT_ENVIRONMENT))
+    ide_id = cmd.ide or DEFAULT_IDE
+    if ide_id not in catalog.ides:
+        _resolved(catalog.resolve_ide(ide_id, set(catalog.ides)))
+    now = deps.clock()
+    target = replies.ReplyTarget(user=req.user, channel=req.channel, team=req.team,
+                                 response_url=req.response_url, issued_at=now)
+    payload = WorkspaceRequested(team=team.id, owner=user, name=cmd.name, profile=profile.id,
+                                 ide=ide_id, environment=cmd.environment or DEFAULT_ENVIRONMENT,
+                                 reply_to=target.encode())
+    notices = "".join(f"\nNote: {n.message}" for n in env.notices)
+    default = "" if cmd.profile else " (the team's default; `--profile` picks another)"
+    text = (f"Creating {cmd.name} for team {team.id}: {profile.id}{default}, {ide_id}, "
+            f"{env.value.id}. I'll tell you here when it is running.{notices}")
+    existing = deps.reads.get_workspace(payload.workspace_id)
+    return _submit(req, deps, catalog, existing, payload, user, team, cmd, text)
+
+
+def _submit(req: SlashRequest, deps: ChatDeps, catalog: Catalog, ws: Workspace | None,
+            payload: Any, user: str, team: Team, cmd: Command, text: str) -> dict[str, Any]:
+    """Preview the lifecycle decision (and, for what takes hardware, the team's quota, as
+    the lifecycle will charge it), keep the reply record, publish, ack."""
+    now = deps.clock()
+    if not req.retry:
+        preview = decide(ws, payload, now)
+        if not preview.accepted:
+            name = cmd.name or "?"
+            raise _Reply(f"Nothing done: {name} {_why(preview.message, ws)}.")
+        if cmd.verb in (Verb.CREATE, Verb.RESUME) and preview.workspace is not None:
+            usage = dict((deps.reads.get("teams", team.id) or {}).get("usage") or {})
+            refusal = admission.charge(catalog, preview.previous_state, ws, preview.workspace,
+                                       usage)
+            if refusal:
+                raise _Reply(f"Nothing done: {replies.for_chat(refusal).rstrip('. ')}.")
+    ws_id = payload.workspace_id
+    deps.records.remember(req.requestid, {
+        "requestid": req.requestid, "slack_user": req.user, "slack_team": req.team,
+        "channel": req.channel, "response_url": req.response_url, "issued_at": now,
+        "response_url_uses": 0, "user": user, "team": team.id, "verb": str(cmd.verb),
+        "workspace_id": ws_id, "text": req.text[:500], "created_at": now,
+        "expire_at": now + RECORD_TTL,
+    })
+    event = new_event(payload, source=SOURCE, requestid=req.requestid, id=req.requestid)
+    try:
+        deps.bus.publish(event)
+    except Exception as exc:
+        log.exception("publishing %s for chat request %s failed", event.name, req.requestid)
+        raise _Reply(f"I could not queue that ({type(exc).__name__}); nothing was changed. "
+                     "Please try again.") from exc
+    return replies.ack(text, req.requestid, follow=True, workspace_id=ws_id)
+
+
+def _why(message: str, ws: Workspace | None) -> str:
+    message = message.rstrip(". ")
+    if ws is not None and ws.state != State.DELETED:
+        return f"is {ws.state}: {message}"
+    return f": {message}"
+
+
+def _team(catalog: Catalog, user: str, wanted: str | None) -> Team:
+    mine = catalog.teams_of(user)
+    if wanted is None:
+        if not mine:
+            raise _Reply(f"You ({user}) are not in any team yet; ask "
+                         f"{replies.who_to_ask(catalog)}.")
+        return mine[0]
+    team = catalog.teams.get(wanted)
+    if team is None:
+        close = difflib.get_close_matches(wanted, [t.id for t in mine], n=2, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise _Reply(f"There is no team {wanted}.{hint} Your teams: "
+                     f"{', '.join(t.id for t in mine) or 'none'}.")
+    if team.member(user) is None:
+        raise _Reply(f"You are not a member of team {team.id}, so you cannot see or change "
+                     f"its workspaces; ask {team.who_to_ask} to add you. Your teams: "
+                     f"{', '.join(t.id for t in mine) or 'none'}.")
+    return team
+
+
+def _find(deps: ChatDeps, team: Team, name: str) -> Workspace:
+    ws: Workspace | None = deps.reads.get_workspace(workspace_id(team.id, name))
+    if ws is not None and ws.state != State.DELETED:
+        return ws
+    names = [w.name for w in deps.reads.list_workspaces(team=team.id)
+             if w.state != State.DELETED]
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    raise _Reply(f"There is no workspace {name} in team {team.id}.{hint} See `/ws list`.")
+
+
+def _may_change(team: Team, user: str, ws: Workspace, verb: Verb) -> None:
+    member = team.member(user)
+    if ws.owner == user or (member is not None and member.role == Role.ADMIN):
+        return
+    admins = ", ".join(team.admins) or "none"
+    raise _Reply(f"{ws.name} belongs to {ws.owner}; only they or an admin of team {team.id} "
+                 f"({admins}) can {verb} it.")
+
+
+def _resolved(result: Resolution[T]) -> Resolved[T]:
+    if isinstance(result, Refusal):
+        raise _Reply(result.message[:1].upper() + result.message[1:])
+    return result

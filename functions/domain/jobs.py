@@ -1,0 +1,205 @@
+"""Scale-out jobs: the pure rules (state machine, accelerator demand, admission, release).
+
+A job is one function run on ``hosts`` hosts of a profile (a multi-host TPU slice on GKE, or
+``hosts`` processes on the local runtime). It holds ``profile accelerators x hosts`` of the
+team's accelerator quota from admission until it ends, and no workspace slot (it belongs to
+a workspace, which already holds one). ``jobs/{id}`` and the team's ``usage`` change in the
+same transaction (``functions.adapters.job_store``), with :func:`submit` and :func:`finish`.
+
+States::
+
+    SUBMITTED --admitted--> RUNNING --finished--> SUCCEEDED | FAILED | CANCELLED
+        \\--refused--> REFUSED
+
+A redelivered job.submitted for a job already known changes nothing; a job.finished for a
+job already ended, or never admitted, releases nothing (quota is never released twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from functions.domain.catalog import Profile, Quotas, Refusal
+from functions.domain.quota import Admitted, Usage, accelerators_of, admit, release
+
+MAX_HOSTS = 1024
+
+
+class JobState(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    REFUSED = "REFUSED"
+
+
+#: States that hold the team's accelerators.
+HOLDS_ACCELERATORS = frozenset({JobState.RUNNING})
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                      JobState.REFUSED})
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.SUBMITTED: frozenset({JobState.RUNNING, JobState.REFUSED}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+def can_move(current: JobState, target: JobState) -> bool:
+    return target in TRANSITIONS[current]
+
+
+def move(current: JobState, target: JobState) -> JobState:
+    if not can_move(current, target):
+        raise IllegalTransition(f"a job cannot go from {current} to {target}")
+    return target
+
+
+def demand_of(profile: Profile, hosts: int) -> Usage:
+    """The accelerators a job needs: the profile's accelerators on each of its hosts."""
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
+        raise ValueError(f"hosts must be a whole number from 1 to {MAX_HOSTS}, got {hosts!r}")
+    per_host = accelerators_of(profile)
+    return Usage(gpus=per_host.gpus * hosts, tpus=per_host.tpus * hosts)
+
+
+@dataclass(frozen=True)
+class Job:
+    """``jobs/{id}``: what was asked, where it is, and how it ended."""
+
+    id: str
+    team: str
+    owner: str
+    profile: str
+    hosts: int
+    state: JobState
+    gpus: int = 0
+    tpus: int = 0
+    workspace_id: str | None = None
+    runtime: str = "local"
+    function: str = ""
+    message: str = ""
+    log_uri: str | None = None
+    exit_status: int | None = None
+    failed_host: int | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+
+    @property
+    def demand(self) -> Usage:
+        return Usage(gpus=self.gpus, tpus=self.tpus)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "team": self.team, "owner": self.owner, "profile": self.profile,
+            "hosts": self.hosts, "state": str(self.state), "gpus": self.gpus,
+            "tpus": self.tpus, "workspace_id": self.workspace_id, "runtime": self.runtime,
+            "function": self.function, "message": self.message, "log_uri": self.log_uri,
+            "exit_status": self.exit_status, "failed_host": self.failed_host,
+            "submitted_at": self.submitted_at, "started_at": self.started_at,
+            "finished_at": self.finished_at, "duration_ms": self.duration_ms,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Job:
+        names = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in doc.items() if k in names}
+        values["state"] = JobState(values["state"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    team: str
+    owner: str
+    profile: str
+    hosts: int
+    workspace_id: str | None = None
+    runtime: str = "local"
+    function: str = ""
+    log_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a handler writes: the job (None: nothing to write) and the team's new usage
+    (None: unchanged)."""
+
+    job: Job | None
+    usage: Usage | None
+    accepted: bool
+    reason: str
+    message: str
+
+
+def submit(request: Request, *, existing: Job | None, profile: Profile | None,
+           team_profiles: tuple[str, ...] | None, quotas: Quotas | None, usage: Usage,
+           now: datetime, contact: str | None = None) -> Decision:
+    """Admit a job (RUNNING, its accelerators added to ``usage``) or refuse it (REFUSED)."""
+    if existing is not None:
+        return Decision(None, None, existing.state != JobState.REFUSED, "duplicate",
+                        f"job {request.id} is already {existing.state}")
+
+    def refused(reason: str, message: str) -> Decision:
+        job = Job(request.id, request.team, request.owner, request.profile, request.hosts,
+                  JobState.REFUSED, workspace_id=request.workspace_id, runtime=request.runtime,
+                  function=request.function, message=message, submitted_at=now,
+                  finished_at=now)
+        return Decision(job, None, False, reason, message)
+
+    if quotas is None:
+        return refused("unknown_team", f"team {request.team} is not in the catalog")
+    if profile is None:
+        return refused("unknown_profile", f"profile {request.profile} is not in the catalog")
+    if team_profiles is not None and profile.id not in team_profiles:
+        return refused("profile_not_allowed",
+                       f"team {request.team} may not use profile {profile.id}")
+    try:
+        demand = demand_of(profile, request.hosts)
+    except ValueError as exc:
+        return refused("bad_request", str(exc))
+    outcome = admit(quotas, usage, demand, request.team, contact=contact)
+    if isinstance(outcome, Refusal):
+        return refused(str(outcome.reason), f"job {request.id} ({request.hosts} x "
+                                            f"{profile.id}) refused: {outcome.message}")
+    assert isinstance(outcome, Admitted)
+    job = Job(request.id, request.team, request.owner, profile.id, request.hosts,
+              JobState.RUNNING, gpus=demand.gpus, tpus=demand.tpus,
+              workspace_id=request.workspace_id, runtime=request.runtime,
+              function=request.function, log_uri=request.log_uri,
+              message=f"running on {request.hosts} x {profile.id}", submitted_at=now,
+              started_at=now)
+    return Decision(job, outcome.usage, True, "admitted", job.message)
+
+
+def finish(job: Job | None, *, job_id: str, succeeded: bool, termination: str,
+           exit_status: int | None, failed_host: int | None, error: str | None,
+           log_uri: str | None, usage: Usage, now: datetime) -> Decision:
+    """End a running job and give its accelerators back; anything else changes nothing."""
+    if job is None:
+        return Decision(None, None, False, "unknown_job", f"job {job_id} is not known")
+    if job.state not in HOLDS_ACCELERATORS:
+        return Decision(None, None, False, "not_running",
+                        f"job {job_id} is {job.state}: nothing to release")
+    target = (JobState.SUCCEEDED if succeeded else
+              JobState.CANCELLED if termination == "cancelled" else JobState.FAILED)
+    move(job.state, target)
+    started = job.started_at or job.submitted_at
+    duration = int((now - started).total_seconds() * 1000) if started else None
+    message = ("succeeded" if succeeded else
+               error or f"{str(target).lower()} ({termination})")
+    ended = replace(job, state=target, message=message, exit_status=exit_status,
+                    failed_host=failed_host, log_uri=log_uri or job.log_uri,
+                    finished_at=now, duration_ms=duration)
+    return Decision(ended, release(usage, job.demand), True, str(target).lower(), message)

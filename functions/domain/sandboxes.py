@@ -1,0 +1,745 @@
+"""Agent sandboxes: the pure rules. Who may run one, with which limits, reaching what, how
+many at once, and what a sandbox becomes when its task ends.
+
+A sandbox runs one task command in its own working copy of a repository and returns the
+diff against the base ref for review (never applied automatically). Its life:
+
+    QUEUED -> RUNNING -> SUCCEEDED | FAILED | TIMED_OUT | KILLED
+    (a request that is refused is recorded FAILED at once, holding no slot)
+
+- **Policy** (:class:`SandboxPolicy`): limits (CPU seconds, memory, wall clock, processes)
+  with a default and a maximum, a per-team concurrency cap, a bound on the queue, and the
+  network destinations a team may open. It is read from the optional ``sandboxes`` section
+  of the applied admin config (``catalog/current``); every field has a default, so a
+  config without the section gets :data:`DEFAULT_POLICY`. Team entries under ``teams``
+  override the global fields one by one.
+- **Admission** (:func:`admit`): over the cap a request is QUEUED with its position, never
+  refused silently; only a full queue, a non-member, limits above the maximum or a network
+  destination the policy does not permit are refused, each with a message that says what
+  to do. The queue is first in, first out: a request never overtakes one already waiting.
+- **Completion** (:func:`finish`): the runtime's report becomes a terminal state with a
+  named reason; the slot it held goes to the first queued sandbox(es).
+- **Network**: none by default. A destination is permitted when it equals a policy entry,
+  falls under a ``*.suffix`` entry, or (an address or CIDR) lies inside a policy CIDR.
+
+Everything here is a function of its inputs and ``now``; the handler loads and persists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from functions.domain.catalog import Problem, Role, Team, human_bytes, parse_quantity
+
+
+class SandboxState(StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    KILLED = "KILLED"
+
+
+TERMINAL = frozenset(
+    {SandboxState.SUCCEEDED, SandboxState.FAILED, SandboxState.TIMED_OUT, SandboxState.KILLED}
+)
+
+
+class Termination(StrEnum):
+    """How the runtime says a task ended (``SandboxFinished.termination``)."""
+
+    EXITED = "exited"
+    WALL_CLOCK_EXCEEDED = "wall_clock_exceeded"
+    CPU_TIME_EXCEEDED = "cpu_time_exceeded"
+    MEMORY_LIMIT_EXCEEDED = "memory_limit_exceeded"
+    KILLED = "killed"
+    CANCELLED = "cancelled"
+    FAILED_TO_START = "failed_to_start"
+    RUNTIME_LOST = "runtime_lost"
+
+
+class Reason(StrEnum):
+    """Why a sandbox is where it is; str values so a typo is a NameError, not a new reason."""
+
+    ADMITTED = "admitted"
+    QUEUED = "queued"
+    PROMOTED = "promoted"
+    SUCCEEDED = "succeeded"
+    EXITED_NONZERO = "exited_nonzero"
+    WALL_CLOCK_EXCEEDED = "wall_clock_exceeded"
+    CPU_TIME_EXCEEDED = "cpu_time_exceeded"
+    MEMORY_LIMIT_EXCEEDED = "memory_limit_exceeded"
+    KILLED = "killed"
+    CANCELLED = "cancelled"
+    FAILED_TO_START = "failed_to_start"
+    RUNTIME_LOST = "runtime_lost"
+    # refusals of a request: recorded FAILED, holding no slot
+    UNKNOWN_TEAM = "unknown_team"
+    NOT_A_MEMBER = "not_a_member"
+    READ_ONLY_MEMBER = "read_only_member"
+    INVALID_POLICY = "invalid_policy"
+    INVALID_LIMITS = "invalid_limits"
+    LIMIT_ABOVE_MAXIMUM = "limit_above_maximum"
+    NETWORK_NOT_PERMITTED = "network_not_permitted"
+    QUEUE_FULL = "queue_full"
+    # refusals that change nothing
+    SANDBOX_ID_IN_USE = "sandbox_id_in_use"
+    UNKNOWN_SANDBOX = "unknown_sandbox"
+    ALREADY_FINISHED = "already_finished"
+    NOT_STARTED = "not_started"
+
+
+#: Termination -> (state, reason).
+_OUTCOME: dict[Termination, tuple[SandboxState, Reason]] = {
+    Termination.WALL_CLOCK_EXCEEDED: (SandboxState.TIMED_OUT, Reason.WALL_CLOCK_EXCEEDED),
+    Termination.CPU_TIME_EXCEEDED: (SandboxState.TIMED_OUT, Reason.CPU_TIME_EXCEEDED),
+    Termination.MEMORY_LIMIT_EXCEEDED: (SandboxState.KILLED, Reason.MEMORY_LIMIT_EXCEEDED),
+    Termination.KILLED: (SandboxState.KILLED, Reason.KILLED),
+    Termination.CANCELLED: (SandboxState.KILLED, Reason.CANCELLED),
+    Termination.FAILED_TO_START: (SandboxState.FAILED, Reason.FAILED_TO_START),
+    Termination.RUNTIME_LOST: (SandboxState.FAILED, Reason.RUNTIME_LOST),
+}
+
+# --------------------------------------------------------------------------------------------
+# Limits and policy
+# --------------------------------------------------------------------------------------------
+
+LIMIT_FIELDS = ("cpu_seconds", "memory", "wall_clock_seconds", "processes")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandbox is held to. ``processes`` bounds how many processes it may have at
+    once (enforced where the runtime can give each sandbox a user of its own)."""
+
+    cpu_seconds: int
+    memory_bytes: int
+    wall_clock_seconds: int
+    processes: int
+
+    def to_doc(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Limits:
+        return cls(int(doc["cpu_seconds"]), int(doc["memory_bytes"]),
+                   int(doc["wall_clock_seconds"]), int(doc["processes"]))
+
+    def describe(self) -> str:
+        return (f"{self.cpu_seconds} CPU s, {human_bytes(self.memory_bytes)} memory, "
+                f"{self.wall_clock_seconds} s wall clock, {self.processes} processes")
+
+
+DEFAULT_LIMITS = Limits(cpu_seconds=600, memory_bytes=2 * 2**30, wall_clock_seconds=900,
+                        processes=256)
+MAXIMUM_LIMITS = Limits(cpu_seconds=3600, memory_bytes=8 * 2**30, wall_clock_seconds=3600,
+                        processes=1024)
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """A team's sandbox policy, defaults filled in."""
+
+    defaults: Limits = DEFAULT_LIMITS
+    maximum: Limits = MAXIMUM_LIMITS
+    #: Sandboxes of one team running at once; more are queued.
+    concurrency: int = 2
+    #: Sandboxes of one team waiting at once; more are refused (loudly).
+    max_queued: int = 20
+    #: Destinations a request may allow: host names, ``*.suffix`` wildcards, CIDRs.
+    network: tuple[str, ...] = ()
+
+
+DEFAULT_POLICY = SandboxPolicy()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: Reason
+    message: str
+
+
+_POLICY_KEYS = ("defaults", "maximum", "concurrency", "max_queued", "network")
+
+
+def policy_problems(section: Mapping[str, Any] | None) -> list[Problem]:
+    """Every problem of a config's ``sandboxes`` section, with its JSON pointer (for
+    ``stasis admin apply``). Never raises."""
+    problems: list[Problem] = []
+    if section is None:
+        return problems
+    if not isinstance(section, Mapping):
+        return [Problem("/sandboxes", "must be a mapping")]
+    _check_level(section, "/sandboxes", problems, allow_teams=True)
+    teams = section.get("teams") or {}
+    if not isinstance(teams, Mapping):
+        problems.append(Problem("/sandboxes/teams", "must map team ids to overrides"))
+    else:
+        for team_id, override in teams.items():
+            path = f"/sandboxes/teams/{team_id}"
+            if not isinstance(override, Mapping):
+                problems.append(Problem(path, "must be a mapping"))
+                continue
+            _check_level(override, path, problems, allow_teams=False)
+    if not problems:
+        for team_id in [None, *teams]:
+            policy = _merged(section, team_id)
+            for name in ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes"):
+                if getattr(policy.defaults, name) > getattr(policy.maximum, name):
+                    where = f"/sandboxes/teams/{team_id}" if team_id else "/sandboxes"
+                    problems.append(Problem(
+                        where, f"default {name} is above the maximum "
+                               f"({getattr(policy.defaults, name)} > "
+                               f"{getattr(policy.maximum, name)})"))
+    return problems
+
+
+def _check_level(level: Mapping[str, Any], path: str, problems: list[Problem], *,
+                 allow_teams: bool) -> None:
+    known = (*_POLICY_KEYS, "teams") if allow_teams else _POLICY_KEYS
+    for key in level:
+        if key not in known:
+            problems.append(Problem(f"{path}/{key}", f"unknown key; known: {', '.join(known)}"))
+    for which in ("defaults", "maximum"):
+        limits = level.get(which)
+        if limits is None:
+            continue
+        if not isinstance(limits, Mapping):
+            problems.append(Problem(f"{path}/{which}", "must be a mapping of limits"))
+            continue
+        for key, value in limits.items():
+            why = _limit_problem(str(key), value)
+            if why:
+                problems.append(Problem(f"{path}/{which}/{key}", why))
+    for key in ("concurrency", "max_queued"):
+        value = level.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < (1 if key == "concurrency" else 0)):
+            problems.append(Problem(f"{path}/{key}", "must be a whole number"
+                                    + (" of at least 1" if key == "concurrency" else " >= 0")))
+    network = level.get("network")
+    if network is not None and (not isinstance(network, list)
+                                or not all(isinstance(n, str) and n for n in network)):
+        problems.append(Problem(f"{path}/network", "must be a list of destinations"))
+
+
+def _limit_problem(key: str, value: Any) -> str | None:
+    if key not in LIMIT_FIELDS:
+        return f"unknown limit; known: {', '.join(LIMIT_FIELDS)}"
+    try:
+        _limit_value(key, value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _limit_value(key: str, value: Any) -> int:
+    """The value of one asked-for limit, in its unit (memory in bytes)."""
+    if key == "memory":
+        if isinstance(value, bool):
+            raise ValueError(f"memory must be a quantity like '2Gi', got {value!r}")
+        number = value if isinstance(value, int) else parse_quantity(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    else:
+        number = value
+    if number < 1:
+        raise ValueError(f"{key} must be at least 1, got {value!r}")
+    return number
+
+
+def _limits_over(base: Limits, asked: Mapping[str, Any]) -> Limits:
+    changes: dict[str, int] = {}
+    for key, value in asked.items():
+        name = "memory_bytes" if key == "memory" else key
+        changes[name] = _limit_value(key, value)
+    return dataclasses.replace(base, **changes)
+
+
+def _merged(section: Mapping[str, Any], team_id: str | None) -> SandboxPolicy:
+    levels: list[Mapping[str, Any]] = [section]
+    teams = section.get("teams") or {}
+    if team_id is not None and isinstance(teams, Mapping) and team_id in teams:
+        levels.append(teams[team_id])
+    policy = DEFAULT_POLICY
+    for level in levels:
+        policy = SandboxPolicy(
+            defaults=_limits_over(policy.defaults, level.get("defaults") or {}),
+            maximum=_limits_over(policy.maximum, level.get("maximum") or {}),
+            concurrency=int(level.get("concurrency", policy.concurrency)),
+            max_queued=int(level.get("max_queued", policy.max_queued)),
+            network=tuple(level.get("network", policy.network)),
+        )
+    return policy
+
+
+def resolve_policy(section: Mapping[str, Any] | None, team_id: str) -> SandboxPolicy | Refusal:
+    """The policy for ``team_id`` from a config's ``sandboxes`` section (None: defaults).
+
+    A section with problems refuses rather than guessing: running a task under limits
+    nobody chose is worse than telling the admin the policy is broken.
+    """
+    if section is None:
+        return DEFAULT_POLICY
+    problems = policy_problems(section)
+    if problems:
+        listed = "; ".join(str(p) for p in problems[:3])
+        return Refusal(Reason.INVALID_POLICY,
+                       f"the sandbox policy is invalid ({listed}); ask an admin to fix the "
+                       "sandboxes section of the admin config")
+    return _merged(section, team_id)
+
+
+def resolve_limits(asked: Mapping[str, Any], policy: SandboxPolicy,
+                   team_id: str) -> Limits | Refusal:
+    """The limits a request runs under: what it asked for, the policy's defaults for the
+    rest. Asking above the maximum is refused, naming the limit and the maximum."""
+    unknown = sorted(set(asked) - set(LIMIT_FIELDS))
+    if unknown:
+        return Refusal(Reason.INVALID_LIMITS,
+                       f"unknown limits {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
+    try:
+        limits = _limits_over(policy.defaults, asked)
+    except ValueError as exc:
+        return Refusal(Reason.INVALID_LIMITS, str(exc))
+    over: list[str] = []
+    for name, label in (("cpu_seconds", "cpu_seconds"), ("memory_bytes", "memory"),
+                        ("wall_clock_seconds", "wall_clock_seconds"),
+                        ("processes", "processes")):
+        value, maximum = getattr(limits, name), getattr(policy.maximum, name)
+        if value > maximum and label in asked:
+            shown = (f"{human_bytes(value)} > {human_bytes(maximum)}" if name == "memory_bytes"
+                     else f"{value} > {maximum}")
+            over.append(f"{label} {shown}")
+    if over:
+        return Refusal(Reason.LIMIT_ABOVE_MAXIMUM,
+                       f"asked above team {team_id}'s sandbox maximum: {'; '.join(over)}; "
+                       "ask for less or ask an admin to raise the maximum")
+    # A default above the maximum cannot pass policy_problems; clamp all the same.
+    return Limits(*(min(getattr(limits, f.name), getattr(policy.maximum, f.name))
+                    for f in dataclasses.fields(Limits)))
+
+
+def destination_permitted(destination: str, permitted: Sequence[str]) -> bool:
+    """Whether ``destination`` (a host name, an address or a CIDR) is covered by one of
+    the policy's entries: the same name, a ``*.suffix`` wildcard, or a containing CIDR."""
+    wanted = destination.strip().lower().rstrip(".")
+    network = _as_network(wanted)
+    for entry in permitted:
+        allowed = entry.strip().lower().rstrip(".")
+        if wanted == allowed:
+            return True
+        if allowed.startswith("*.") and network is None and wanted.endswith(allowed[1:]):
+            return True
+        allowed_net = _as_network(allowed)
+        if network is not None and allowed_net is not None and \
+                network.version == allowed_net.version and network.subnet_of(allowed_net):  # type: ignore[arg-type]
+            return True
+    return False
+
+
+def _as_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return None
+
+
+def check_network(asked: Sequence[str], policy: SandboxPolicy, team: Team) -> Refusal | None:
+    """None when every asked destination is permitted by the policy (none asked: none
+    needed), else a refusal naming the ones that are not and whom to ask."""
+    refused = [d for d in asked if not destination_permitted(d, policy.network)]
+    if not refused:
+        return None
+    permitted = ", ".join(policy.network) if policy.network else "none"
+    return Refusal(Reason.NETWORK_NOT_PERMITTED,
+                   f"network destinations not permitted for team {team.id}'s sandboxes: "
+                   f"{', '.join(refused)} (permitted: {permitted}); run without them or ask "
+                   f"{team.who_to_ask}")
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamQueue:
+    """The sandboxes of one team that hold a slot, and those waiting, in order."""
+
+    running: tuple[str, ...] = ()
+    queued: tuple[str, ...] = ()
+
+    def position(self, sandbox_id: str) -> int | None:
+        """1-based place in the queue, None when not queued."""
+        return self.queued.index(sandbox_id) + 1 if sandbox_id in self.queued else None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"running": list(self.running), "queued": list(self.queued)}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> TeamQueue:
+        doc = doc or {}
+        return cls(tuple(doc.get("running") or ()), tuple(doc.get("queued") or ()))
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """The ``sandboxes/{id}`` document."""
+
+    id: str
+    team: str
+    requester: str
+    repository: str
+    command: str
+    base_ref: str
+    limits: Limits
+    allowed_network: tuple[str, ...]
+    state: SandboxState
+    reason: str
+    requestid: str
+    requested_at: datetime
+    message: str = ""
+    version: int = 1
+    queue_position: int | None = None
+    reply_to: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_status: int | None = None
+    termination: str | None = None
+    error: str | None = None
+    patch_uri: str | None = None
+    log_uri: str | None = None
+    patch_bytes: int = 0
+    files_changed: tuple[str, ...] = ()
+    base_sha: str | None = None
+    duration_ms: int = 0
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    #: The network as the runtime enforced it (e.g. "none: loopback only"), or a plain
+    #: statement that isolation is not enforced on that host.
+    network: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["state"] = str(self.state)
+        doc["limits"] = self.limits.to_doc()
+        doc["allowed_network"] = list(self.allowed_network)
+        doc["files_changed"] = list(self.files_changed)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Sandbox:
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in doc.items() if k in known}
+        data["state"] = SandboxState(data["state"])
+        data["limits"] = Limits.from_doc(data["limits"])
+        data["allowed_network"] = tuple(data.get("allowed_network") or ())
+        data["files_changed"] = tuple(data.get("files_changed") or ())
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A sandbox.requested event's payload, as admission sees it."""
+
+    sandbox_id: str
+    team: str
+    requester: str
+    repository: str
+    command: str
+    base_ref: str
+    limits: Mapping[str, Any]
+    allowed_network: tuple[str, ...]
+    requestid: str
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """A sandbox.finished event's payload, as completion sees it."""
+
+    sandbox_id: str
+    succeeded: bool
+    termination: str = Termination.EXITED
+    exit_status: int | None = None
+    error: str | None = None
+    patch_uri: str | None = None
+    log_uri: str | None = None
+    patch_bytes: int = 0
+    files_changed: tuple[str, ...] = ()
+    base_sha: str | None = None
+    duration_ms: int = 0
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    network: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to write and what to start.
+
+    ``sandboxes``: records to write (the subject first, then promoted ones); ``queue``: the
+    team's new queue (None: unchanged); ``start``: ids the runtime must start now, in
+    order; ``positions``: every still-queued id with its new 1-based position and message.
+    """
+
+    accepted: bool
+    reason: Reason
+    message: str
+    sandboxes: tuple[Sandbox, ...] = ()
+    queue: TeamQueue | None = None
+    start: tuple[str, ...] = ()
+    positions: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def subject(self) -> Sandbox | None:
+        return self.sandboxes[0] if self.sandboxes else None
+
+
+# --------------------------------------------------------------------------------------------
+# Admission and completion
+# --------------------------------------------------------------------------------------------
+
+
+def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusal,
+          queue: TeamQueue, existing: Sandbox | None, now: datetime) -> Decision:
+    """Admit a request: RUNNING at once, QUEUED with its position, or refused (FAILED)."""
+    if existing is not None:
+        # The same request again is stopped by the ledger; this is another request
+        # reusing the id, and overwriting the first sandbox would lose it.
+        return Decision(False, Reason.SANDBOX_ID_IN_USE,
+                        f"sandbox id {request.sandbox_id} is already in use "
+                        f"({existing.state}); request again with a new id")
+    refusal = _refusal(request, team, policy)
+    if refusal is not None:
+        record = _record(request, DEFAULT_LIMITS, SandboxState.FAILED, refusal.reason,
+                         f"refused: {refusal.message}", now)
+        return Decision(False, refusal.reason, record.message, (record,))
+    assert isinstance(policy, SandboxPolicy)
+    limits = resolve_limits(request.limits, policy, request.team)
+    assert isinstance(limits, Limits)  # checked by _refusal
+    if len(queue.queued) >= policy.max_queued and not _slot_free(queue, policy):
+        message = (f"refused: team {request.team} already has {len(queue.queued)} sandboxes "
+                   f"waiting (the policy's max_queued); try again when some have finished")
+        record = _record(request, limits, SandboxState.FAILED, Reason.QUEUE_FULL, message, now)
+        return Decision(False, Reason.QUEUE_FULL, message, (record,))
+    waiting = TeamQueue(queue.running, (*queue.queued, request.sandbox_id))
+    filled, promoted = _fill(waiting, policy)
+    if request.sandbox_id in promoted:
+        message = (f"running: {len(filled.running)}/{policy.concurrency} of team "
+                   f"{request.team}'s sandbox slots in use; limits {limits.describe()}")
+        record = dataclasses.replace(
+            _record(request, limits, SandboxState.RUNNING, Reason.ADMITTED, message, now),
+            started_at=now)
+    else:
+        position = filled.position(request.sandbox_id) or 0
+        message = queued_message(request.team, position, filled, policy)
+        record = dataclasses.replace(
+            _record(request, limits, SandboxState.QUEUED, Reason.QUEUED, message, now),
+            queue_position=position)
+    return Decision(True, Reason(record.reason), message, (record,), filled,
+                    start=tuple(p for p in promoted if p == request.sandbox_id),
+                    positions=_positions(request.team, filled, policy))
+
+
+def _refusal(request: Request, team: Team | None,
+             policy: SandboxPolicy | Refusal) -> Refusal | None:
+    if team is None:
+        return Refusal(Reason.UNKNOWN_TEAM, f"there is no team {request.team}")
+    member = team.member(request.requester)
+    if member is None:
+        return Refusal(Reason.NOT_A_MEMBER,
+                       f"{request.requester} is not a member of team {team.id}; ask "
+                       f"{team.who_to_ask}")
+    if member.role == Role.VIEWER:
+        return Refusal(Reason.READ_ONLY_MEMBER,
+                       f"{request.requester} may only view team {team.id}'s work; ask "
+                       f"{team.who_to_ask} for the member role")
+    if isinstance(policy, Refusal):
+        return policy
+    limits = resolve_limits(request.limits, policy, team.id)
+    if isinstance(limits, Refusal):
+        return limits
+    return check_network(request.allowed_network, policy, team)
+
+
+def _record(request: Request, limits: Limits, state: SandboxState, reason: Reason,
+            message: str, now: datetime) -> Sandbox:
+    return Sandbox(
+        id=request.sandbox_id, team=request.team, requester=request.requester,
+        repository=request.repository, command=request.command, base_ref=request.base_ref,
+        limits=limits, allowed_network=tuple(request.allowed_network), state=state,
+        reason=str(reason), requestid=request.requestid, requested_at=now, message=message,
+        reply_to=request.reply_to,
+        finished_at=now if state in TERMINAL else None)
+
+
+def _slot_free(queue: TeamQueue, policy: SandboxPolicy) -> bool:
+    return len(queue.running) < policy.concurrency
+
+
+def _fill(queue: TeamQueue, policy: SandboxPolicy) -> tuple[TeamQueue, tuple[str, ...]]:
+    """Move queued sandboxes, first come first served, into free slots."""
+    free = max(0, policy.concurrency - len(queue.running))
+    promoted = queue.queued[:free]
+    return TeamQueue((*queue.running, *promoted), queue.queued[free:]), promoted
+
+
+def queued_message(team: str, position: int, queue: TeamQueue, policy: SandboxPolicy) -> str:
+    return (f"queued: team {team} runs {len(queue.running)}/{policy.concurrency} sandboxes; "
+            f"position {position} of {len(queue.queued)}")
+
+
+def _positions(team: str, queue: TeamQueue,
+               policy: SandboxPolicy) -> tuple[tuple[str, int, str], ...]:
+    return tuple((sandbox_id, i + 1, queued_message(team, i + 1, queue, policy))
+                 for i, sandbox_id in enumerate(queue.queued))
+
+
+def outcome_of(report: Report) -> tuple[SandboxState, Reason]:
+    """The terminal state and reason of a runtime report."""
+    try:
+        termination = Termination(report.termination)
+    except ValueError:
+        return SandboxState.FAILED, Reason.KILLED
+    if termination == Termination.EXITED:
+        if report.succeeded and report.exit_status in (0, None):
+            return SandboxState.SUCCEEDED, Reason.SUCCEEDED
+        return SandboxState.FAILED, Reason.EXITED_NONZERO
+    return _OUTCOME[termination]
+
+
+def finish(sandbox: Sandbox | None, report: Report, *, policy: SandboxPolicy | Refusal,
+           queue: TeamQueue, load: Callable[[str], Sandbox | None], now: datetime) -> Decision:
+    """Record a runtime report, free the slot, start the next queued sandbox(es)."""
+    if sandbox is None:
+        return Decision(False, Reason.UNKNOWN_SANDBOX,
+                        f"no sandbox {report.sandbox_id}: a report for a sandbox never admitted")
+    if sandbox.terminal:
+        return Decision(False, Reason.ALREADY_FINISHED,
+                        f"sandbox {sandbox.id} already ended {sandbox.state} ({sandbox.reason})")
+    if sandbox.state == SandboxState.QUEUED:
+        # The runtime is only asked to run admitted sandboxes: a report for a queued one is
+        # out of order, and it must not free a slot the sandbox never held.
+        return Decision(False, Reason.NOT_STARTED,
+                        f"sandbox {sandbox.id} is queued, not running: report ignored")
+    state, reason = outcome_of(report)
+    ended = dataclasses.replace(
+        sandbox, state=state, reason=str(reason), version=sandbox.version + 1,
+        finished_at=now, exit_status=report.exit_status, termination=report.termination,
+        error=report.error, patch_uri=report.patch_uri, log_uri=report.log_uri,
+        patch_bytes=report.patch_bytes, files_changed=tuple(report.files_changed),
+        base_sha=report.base_sha, duration_ms=report.duration_ms,
+        cpu_seconds=report.cpu_seconds, peak_memory_bytes=report.peak_memory_bytes,
+        network=report.network, queue_position=None)
+    ended = dataclasses.replace(ended, message=review_message(ended))
+    # A broken policy must not strand the queue: promote under the default cap.
+    cap = policy if isinstance(policy, SandboxPolicy) else DEFAULT_POLICY
+    freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id), queue.queued)
+    filled, promoted_ids = _fill(freed, cap)
+    promoted: list[Sandbox] = []
+    for sandbox_id in promoted_ids:
+        waiting = load(sandbox_id)
+        if waiting is None or waiting.state != SandboxState.QUEUED:
+            # A queue entry without its queued record (should not happen): drop it.
+            filled = TeamQueue(tuple(r for r in filled.running if r != sandbox_id),
+                               filled.queued)
+            continue
+        promoted.append(dataclasses.replace(
+            waiting, state=SandboxState.RUNNING, reason=str(Reason.PROMOTED),
+            version=waiting.version + 1, started_at=now, queue_position=None,
+            message=f"running after {_waited(waiting, now)} in the queue; limits "
+                    f"{waiting.limits.describe()}"))
+    return Decision(True, reason, ended.message, (ended, *promoted), filled,
+                    start=tuple(p.id for p in promoted),
+                    positions=_positions(sandbox.team, filled, cap))
+
+
+def _waited(sandbox: Sandbox, now: datetime) -> str:
+    seconds = max(0, int((now - sandbox.requested_at).total_seconds()))
+    return f"{seconds} s"
+
+
+def review_message(sandbox: Sandbox) -> str:
+    """What the requester reads when a sandbox ends: what happened and how to review."""
+    what = {
+        Reason.SUCCEEDED: "the task succeeded",
+        Reason.EXITED_NONZERO: f"the task exited with status {sandbox.exit_status}",
+        Reason.WALL_CLOCK_EXCEEDED: f"stopped: wall clock limit of "
+                                    f"{sandbox.limits.wall_clock_seconds} s exceeded",
+        Reason.CPU_TIME_EXCEEDED: f"stopped: CPU time limit of {sandbox.limits.cpu_seconds} s "
+                                  "exceeded",
+        Reason.MEMORY_LIMIT_EXCEEDED: f"stopped: memory limit of "
+                                      f"{human_bytes(sandbox.limits.memory_bytes)} exceeded",
+        Reason.KILLED: "stopped by a signal",
+        Reason.CANCELLED: "cancelled",
+        Reason.FAILED_TO_START: "could not start",
+        Reason.RUNTIME_LOST: "lost: the runtime stopped reporting",
+    }.get(Reason(sandbox.reason), sandbox.reason)
+    if sandbox.error and sandbox.reason != Reason.SUCCEEDED:
+        what += f" ({sandbox.error})"
+    if sandbox.patch_uri and sandbox.patch_bytes:
+        files = len(sandbox.files_changed)
+        review = (f"; a patch of {files} file{'s' if files != 1 else ''} "
+                  f"({sandbox.patch_bytes} bytes) is ready for review: "
+                  f"stasis sandbox show {sandbox.id}, then stasis sandbox apply {sandbox.id} "
+                  "--to CHECKOUT")
+    elif sandbox.patch_uri:
+        review = "; the task changed no files"
+    else:
+        review = ""
+    return what + review
+
+
+def overdue(sandboxes: Sequence[Sandbox], now: datetime,
+            grace: timedelta = timedelta(minutes=5)) -> list[Sandbox]:
+    """RUNNING sandboxes past their wall clock by more than ``grace``: their runtime never
+    reported. A reconciler reports them ``runtime_lost`` so their slots are freed."""
+    return [s for s in sandboxes
+            if s.state == SandboxState.RUNNING and s.started_at is not None
+            and now - s.started_at > timedelta(seconds=s.limits.wall_clock_seconds) + grace]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the runtime needs to run one admitted sandbox."""
+
+    sandbox_id: str
+    team: str
+    repository: str
+    base_ref: str
+    command: str
+    limits: Limits
+    allowed_network: tuple[str, ...]
+    requestid: str
+    bucket: str
+    prefix: str = field(default="")
+
+    @classmethod
+    def of(cls, sandbox: Sandbox, bucket: str) -> RunSpec:
+        return cls(sandbox.id, sandbox.team, sandbox.repository, sandbox.base_ref,
+                   sandbox.command, sandbox.limits, sandbox.allowed_network, sandbox.requestid,
+                   bucket, result_prefix(sandbox.team, sandbox.id))
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["limits"] = self.limits.to_doc()
+        doc["allowed_network"] = list(self.allowed_network)
+        return doc
+
+
+def result_prefix(team: str, sandbox_id: str) -> str:
+    """Where a sandbox's patch, log and result live in Cloud Storage."""
+    return f"sandboxes/{team}/{sandbox_id}"

@@ -1,0 +1,161 @@
+"""Sandbox handler: admission on sandbox.requested, completion on sandbox.finished.
+
+load (in the transaction: the sandbox, the team's queue, the policy) -> decide
+(``functions.domain.sandboxes``) -> persist (same transaction: ``sandboxes/{id}``, the
+queue ``sandbox_queues/{team}``, the positions of those still waiting, an audit entry, the
+ledger with its outbox) -> start what was admitted -> mark the ledger entry done.
+
+The requester is told through Firestore and the event itself: ``sandboxes/{id}.message``
+says what happened and how to review the patch (``stasis sandbox show ID``), and
+sandbox.finished is on its own topic, where a notifier (chat) can subscribe; a separate
+``sandbox.state_changed`` event would only repeat it.
+
+A runtime that refuses to start a sandbox (a repository path that does not exist on the
+node, say) is answered like the runtime would: a sandbox.finished ``failed_to_start`` is
+published, so the sandbox is recorded FAILED and its slot goes to the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from events import Event, SandboxFinished, SandboxRequested, new_event
+from functions.domain.catalog import Catalog
+from functions.domain.sandboxes import (
+    Decision,
+    Report,
+    Request,
+    RunSpec,
+    SandboxState,
+    TeamQueue,
+    admit,
+    finish,
+    resolve_policy,
+)
+from functions.handlers.deps import Deps
+from functions.handlers.sandbox_ports import SandboxDeps, SandboxView
+from functions.ports import RuntimeRefused
+
+log = logging.getLogger(__name__)
+SOURCE = "//stasis/functions/sandboxes"
+SANDBOXES = "sandboxes"
+QUEUES = "sandbox_queues"
+
+
+def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
+    """Apply sandbox.requested or sandbox.finished; the decision (None: a duplicate)."""
+    if isinstance(event.payload, SandboxRequested):
+        return _requested(event, event.payload, deps, consumer)
+    if isinstance(event.payload, SandboxFinished):
+        return _finished(event, event.payload, deps, consumer)
+    raise TypeError(f"the sandbox handler does not take {event.name}")
+
+
+def _sandboxes(deps: Deps) -> SandboxDeps:
+    sandboxes: SandboxDeps | None = deps.sandboxes
+    if sandboxes is None:
+        raise RuntimeError("sandboxes are not configured (Deps.sandboxes is None)")
+    return sandboxes
+
+
+def _requested(event: Event[Any], payload: SandboxRequested, deps: Deps,
+               consumer: str) -> Decision | None:
+    now = deps.clock()
+    catalog: Catalog = deps.catalog()
+    request = Request(
+        sandbox_id=payload.sandbox_id, team=payload.team, requester=payload.requester,
+        repository=payload.repository, command=payload.command, base_ref=payload.base_ref,
+        limits=dict(payload.limits), allowed_network=tuple(payload.allowed_network),
+        requestid=event.requestid, reply_to=payload.reply_to)
+
+    def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
+        policy = resolve_policy(view.policy_section(), payload.team)
+        decision = admit(request, team=catalog.teams.get(payload.team), policy=policy,
+                         queue=view.queue(payload.team), existing=view.sandbox(request.sandbox_id),
+                         now=now)
+        _persist(view, decision, event, payload.team, payload.requester, now)
+        return [{"start": s} for s in decision.start], decision
+
+    return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
+def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
+              consumer: str) -> Decision | None:
+    now = deps.clock()
+    report = Report(
+        sandbox_id=payload.sandbox_id, succeeded=payload.succeeded,
+        termination=payload.termination, exit_status=payload.exit_status, error=payload.error,
+        patch_uri=payload.patch_uri, log_uri=payload.log_uri, patch_bytes=payload.patch_bytes,
+        files_changed=tuple(payload.files_changed), base_sha=payload.base_sha,
+        duration_ms=payload.duration_ms, cpu_seconds=payload.cpu_seconds,
+        peak_memory_bytes=payload.peak_memory_bytes, network=payload.network)
+
+    def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
+        sandbox = view.sandbox(payload.sandbox_id)
+        team = sandbox.team if sandbox is not None else ""
+        policy = resolve_policy(view.policy_section(), team)
+        queue = view.queue(team) if sandbox is not None else None
+        decision = finish(sandbox, report, policy=policy, queue=queue or TeamQueue(),
+                          load=view.sandbox, now=now)
+        _persist(view, decision, event, team, event.source, now)
+        return [{"start": s} for s in decision.start], decision
+
+    return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
+def _run(event: Event[Any], deps: Deps, consumer: str, subject: str, decide: Any,
+         now: Any) -> Decision | None:
+    store = _sandboxes(deps).store
+    result = store.transact(event, consumer, decide, subject=subject, now=now)
+    _send(result.ledger.outbox, deps, event)
+    if result.ledger.status == "pending":
+        store.mark_done(result.ledger.key)
+    decision: Decision | None = result.value
+    if decision is not None:
+        log.info("%s %s: %s (%s) %s", event.name, subject,
+                 "accepted" if decision.accepted else "refused", decision.reason,
+                 decision.message)
+    return decision
+
+
+def _persist(view: SandboxView, decision: Decision, event: Event[Any], team: str, actor: str,
+             now: Any) -> None:
+    for sandbox in decision.sandboxes:
+        view.set(SANDBOXES, sandbox.id, {**sandbox.to_doc(), "updated_at": now})
+    if decision.queue is not None and team:
+        view.set(QUEUES, team, {**decision.queue.to_doc(), "team": team, "updated_at": now})
+    for sandbox_id, position, message in decision.positions:
+        view.update(SANDBOXES, sandbox_id, {"queue_position": position, "message": message,
+                                            "updated_at": now})
+    subject = decision.subject
+    target = subject.id if subject is not None else getattr(event.payload, "sandbox_id", "")
+    view.set("audit", "", {
+        "actor": actor, "action": event.name, "target": target, "team": team,
+        "outcome": ("accepted: " if decision.accepted else "refused: ") + str(decision.reason),
+        "message": decision.message, "event_id": event.id, "requestid": event.requestid,
+        "time": now,
+    })
+    view.outcome.update({
+        "accepted": decision.accepted, "reason": str(decision.reason),
+        "message": decision.message,
+        "state": str(subject.state) if subject is not None else None,
+        "queue_position": subject.queue_position if subject is not None else None,
+        "started": list(decision.start),
+    })
+
+
+def _send(outbox: list[dict[str, Any]], deps: Deps, event: Event[Any]) -> None:
+    sandboxes = _sandboxes(deps)
+    for item in outbox:
+        sandbox = sandboxes.store.get(item["start"])
+        if sandbox is None or sandbox.state != SandboxState.RUNNING:
+            continue  # it ended meanwhile (a redelivered outbox): nothing to start
+        spec = RunSpec.of(sandbox, deps.snapshot_bucket)
+        try:
+            sandboxes.runtime.start(spec)
+        except RuntimeRefused as exc:
+            # Permanent: report it as the runtime would, so the slot is freed.
+            failure = SandboxFinished(sandbox.id, False, termination="failed_to_start",
+                                      error=f"the runtime refused it: {exc}")
+            deps.bus.publish(new_event(failure, source=SOURCE, requestid=sandbox.requestid))

@@ -1,0 +1,612 @@
+"""The cluster monitor: pod and snapshot state in the cluster, turned into Stasis events.
+
+    python -m runtime.kubernetes.monitor         # in-cluster (Deployment from
+                                                 # manifests.monitor_manifests), or with a
+                                                 # kubeconfig (STASIS_K8S_CONTEXT)
+
+The Kubernetes runtime is asynchronous: it creates objects and returns. This process
+watches what the cluster does with them and publishes the outcome, the cluster's
+counterpart of the local node agent's reports:
+
+- **workspace.ready**: a workspace pod became Ready. A pod re-created from a Pod Snapshot
+  (``podsnapshot.gke.io/ps-name``) must also carry GKE's ``PodRestored`` condition, else
+  GKE started it fresh and the resume failed (workspace.runtime_failed says so). A pod
+  re-created with a kernel snapshot to restore (method ``kernel``) is reported once its
+  snapshot agent restored the kernels.
+- **snapshot.finished**: method ``pod``: a PodSnapshotManualTrigger completed and its
+  PodSnapshot is Ready (or either failed); method ``kernel``: the pod carries a snapshot
+  request, the monitor hands it to the pod's agent and reports its result. Accelerator
+  type and count come from the pod's annotations, so a GPU snapshot records them.
+- **workspace.idle_detected**: every ``idle_interval`` seconds, the activity of each running
+  workspace (the Jupyter server's ``/api/status`` and kernels, through the agent).
+- **workspace.runtime_failed**: a pod that cannot start (image pull, config errors).
+
+It is level-triggered: watches on pods, triggers and PodSnapshots only wake it early;
+every pass looks at the whole state, so a missed watch event or a restart loses nothing.
+Events carry the request's id from the objects' annotations and deterministic ids, so
+a duplicate after a restart is absorbed by the control plane's ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from events import (
+    SnapshotFinished,
+    WorkspaceIdleDetected,
+    WorkspaceReady,
+    WorkspaceRuntimeFailed,
+    new_event,
+)
+from functions.domain import manifests as m
+
+log = logging.getLogger(__name__)
+
+SOURCE = "//stasis/runtime/kubernetes"
+#: How long a Ready pod that should have been restored may lack ``PodRestored``.
+RESTORE_CONDITION_GRACE_S = 15.0
+#: Triggers older than this are history (kept for restores and clean-up), not news: a
+#: restarted monitor does not report them again.
+MAX_REPORT_AGE_S = 6 * 3600
+
+
+class Cluster(Protocol):
+    """What the monitor reads from the API server."""
+
+    def pods(self) -> list[dict[str, Any]]: ...
+
+    def triggers(self) -> list[dict[str, Any]]: ...
+
+    def podsnapshot(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class Sidecars(Protocol):
+    """HTTP to a workspace pod's snapshot agent; None when it does not answer (yet)."""
+
+    def get(self, pod: Mapping[str, Any], path: str) -> dict[str, Any] | None: ...
+
+    def post(self, pod: Mapping[str, Any], path: str,
+             body: Mapping[str, Any]) -> dict[str, Any] | None: ...
+
+
+class Publisher(Protocol):
+    def publish(self, event: Any) -> str: ...
+
+
+class Monitor:
+    def __init__(self, cluster: Cluster, bus: Publisher, sidecars: Sidecars, *,
+                 settings: m.ClusterSettings | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 idle_interval: float = 60.0) -> None:
+        self.cluster = cluster
+        self.bus = bus
+        self.sidecars = sidecars
+        self.settings = settings or m.ClusterSettings()
+        self.clock = clock
+        self.idle_interval = idle_interval
+        self._lock = threading.RLock()
+        self._reported: set[str] = set()  # deterministic event ids already published
+        self._asked: set[str] = set()  # agent jobs started (snapshot or restore keys)
+        self._ready_seen: dict[str, float] = {}
+        self._running: dict[str, dict[str, Any]] = {}  # workspace id -> its Ready pod
+        self._pending_requests: dict[str, dict[str, Any]] = {}
+        self._last_idle = 0.0
+        self.wake = threading.Event()
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def sync(self) -> bool:
+        """Look at every workspace pod and snapshot trigger once; True while something is
+        in flight (the caller then comes back soon)."""
+        with self._lock:
+            pods = [p for p in self.cluster.pods() if _workspace_id(p)]
+            running: dict[str, dict[str, Any]] = {}
+            busy = False
+            live_requests: set[str] = set()
+            for pod in pods:
+                busy |= self.observe_pod(pod)
+                if m.pod_ready(pod):
+                    running[_workspace_id(pod)] = pod
+                request = m.json_annotation(pod, m.ANN_SNAPSHOT_REQUEST)
+                if request:
+                    live_requests.add(_snapshot_key(_workspace_id(pod), request))
+            self._running = running
+            busy |= self._lost_requests(live_requests)
+            for trigger in self.cluster.triggers():
+                busy |= self.observe_trigger(trigger)
+            return busy
+
+    def observe_pod(self, pod: Mapping[str, Any]) -> bool:
+        """Report what one workspace pod's state means; True while waiting on it."""
+        if not m.is_managed(pod) or not _workspace_id(pod):
+            return False
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return False
+        busy = self._observe_snapshot_request(pod)
+        annotations = m.annotations_of(pod)
+        ws = _workspace_id(pod)
+        requestid = annotations.get(m.ANN_REQUESTID) or ""
+        restoring = annotations.get(m.ANN_OPERATION) == "restore"
+        failure = m.pod_failure(pod)
+        if failure:
+            operation = "resume" if restoring else "provision"
+            self._publish(f"{ws}-failed-{requestid}",
+                          WorkspaceRuntimeFailed(ws, operation, failure), requestid)
+            return busy
+        if not m.pod_ready(pod):
+            return True
+        key = f"{ws}-ready-{requestid}"
+        if key in self._reported:
+            return busy
+        restore_request = m.json_annotation(pod, m.ANN_RESTORE_REQUEST)
+        if restore_request:
+            return self._observe_kernel_restore(pod, restore_request, key, requestid) or busy
+        if annotations.get(m.PS_NAME_ANNOTATION):
+            return self._observe_pod_restore(pod, key, requestid) or busy
+        self._publish(key, WorkspaceReady(ws, self._url(pod), _handle(pod),
+                                          restore_ms=self._restore_ms(pod)), requestid)
+        return busy
+
+    def observe_trigger(self, trigger: Mapping[str, Any]) -> bool:
+        """Method ``pod``: report a trigger's PodSnapshot once it is Ready or failed."""
+        annotations = m.annotations_of(trigger)
+        ws, snapshot_id = annotations.get(m.ANN_WORKSPACE_ID), annotations.get(m.ANN_SNAPSHOT_ID)
+        if not m.is_managed(trigger) or not ws or not snapshot_id:
+            return False
+        key = f"{ws}-snapshot-{snapshot_id}"
+        if key in self._reported:
+            return False
+        requestid = annotations.get(m.ANN_REQUESTID) or ""
+        requested = _int(annotations.get(m.ANN_REQUESTED_AT))
+        if requested and self.clock().timestamp() * 1000 - requested > MAX_REPORT_AGE_S * 1000:
+            self._reported.add(key)
+            return False
+        outcome = m.trigger_outcome(trigger)
+        if outcome.state == "failed":
+            self._finished(key, trigger, snapshot_id, requestid, error=outcome.message)
+            return False
+        if outcome.state != "succeeded" or not outcome.name:
+            return True
+        namespace = (trigger.get("metadata") or {}).get("namespace") or ""
+        snapshot = self.cluster.podsnapshot(namespace, outcome.name)
+        if snapshot is None:
+            return True
+        result = m.podsnapshot_outcome(snapshot)
+        if result.state == "failed":
+            self._finished(key, trigger, snapshot_id, requestid,
+                           error=f"Pod Snapshot {outcome.name}: {result.message}")
+        elif result.state == "succeeded":
+            self._finished(key, trigger, snapshot_id, requestid, uri=result.uri,
+                           finished_at=result.finished_at or outcome.finished_at)
+        return result.state == "pending"
+
+    def report_activity(self) -> int:
+        """Publish workspace.idle_detected for every running workspace whose agent
+        answers; returns how many were published."""
+        with self._lock:
+            running = list(self._running.items())
+        published = 0
+        observed_at = self.clock().isoformat()
+        for ws, pod in running:
+            activity = self.sidecars.get(pod, "/activity")
+            if not activity or not activity.get("last_activity"):
+                continue
+            payload = WorkspaceIdleDetected(
+                workspace_id=ws, last_activity=str(activity["last_activity"]),
+                observed_at=observed_at, busy_kernels=int(activity.get("busy_kernels") or 0),
+                connections=int(activity.get("connections") or 0))
+            self.bus.publish(new_event(payload, source=SOURCE))
+            published += 1
+        return published
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, watches: Iterable[Callable[[threading.Event], None]]
+            = (), busy_interval: float = 2.0, resync_interval: float = 30.0) -> None:
+        """Sync on every watch wake-up, every ``busy_interval`` while something is in
+        flight, else every ``resync_interval``; report activity every ``idle_interval``."""
+        for watch in watches:
+            threading.Thread(target=watch, args=(stop,), daemon=True,
+                             name=getattr(watch, "__name__", "watch")).start()
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                busy = self.sync()
+                if time.monotonic() - self._last_idle >= self.idle_interval:
+                    self._last_idle = time.monotonic()
+                    self.report_activity()
+            except Exception:  # the API server or Pub/Sub hiccuped: try again next pass
+                log.exception("monitor pass failed")
+                busy = True
+            self.wake.wait(busy_interval if busy else resync_interval)
+
+    # -- kernel snapshots and restores through the agent -----------------------------------
+
+    def _observe_snapshot_request(self, pod: Mapping[str, Any]) -> bool:
+        request = m.json_annotation(pod, m.ANN_SNAPSHOT_REQUEST)
+        if not request or not request.get("snapshot_id"):
+            return False
+        ws = _workspace_id(pod)
+        snapshot_id = str(request["snapshot_id"])
+        key = _snapshot_key(ws, request)
+        if key in self._reported:
+            return False
+        self._pending_requests[key] = {"pod": pod, "request": request}
+        requestid = str(request.get("requestid") or "")
+        if key not in self._asked:
+            answer = self.sidecars.post(pod, "/snapshots", {
+                "snapshot_id": snapshot_id, "bucket": request.get("bucket"),
+                "prefix": request.get("prefix")})
+            if answer is None:
+                return True  # the agent is not reachable yet: ask again next pass
+            self._asked.add(key)
+        job = self.sidecars.get(pod, f"/snapshots/{snapshot_id}")
+        if job is None or job.get("state") == "running":
+            return True
+        if job.get("state") == "succeeded":
+            self._finished(key, pod, snapshot_id, requestid, method="kernel", job=job)
+        else:
+            self._finished(key, pod, snapshot_id, requestid, method="kernel",
+                           error=str(job.get("error") or "the snapshot agent failed"))
+        self._pending_requests.pop(key, None)
+        return False
+
+    def _lost_requests(self, live: set[str]) -> bool:
+        """A kernel snapshot whose pod went away before it finished failed."""
+        for key, pending in list(self._pending_requests.items()):
+            if key in live or key in self._reported:
+                continue
+            request = pending["request"]
+            self._finished(key, pending["pod"], str(request["snapshot_id"]),
+                           str(request.get("requestid") or ""), method="kernel",
+                           error="the workspace pod went away during the snapshot")
+            self._pending_requests.pop(key, None)
+        return False
+
+    def _observe_kernel_restore(self, pod: Mapping[str, Any], request: Mapping[str, Any],
+                                key: str, requestid: str) -> bool:
+        ws = _workspace_id(pod)
+        ask_key = f"{key}-restore"
+        if ask_key not in self._asked:
+            answer = self.sidecars.post(pod, "/restore", {
+                "snapshot_id": request.get("snapshot_id"), "bucket": request.get("bucket"),
+                "prefix": request.get("prefix")})
+            if answer is None:
+                return True
+            self._asked.add(ask_key)
+        job = self.sidecars.get(pod, "/restore")
+        if job is None or job.get("state") in ("running", "none"):
+            return True
+        if job.get("state") == "succeeded":
+            self._publish(key, WorkspaceReady(
+                ws, self._url(pod), _handle(pod),
+                kernels_restored=int(job.get("kernels_restored") or 0),
+                restore_ms=self._restore_ms(pod)), requestid)
+        else:
+            self._publish(f"{ws}-failed-{requestid}", WorkspaceRuntimeFailed(
+                ws, "resume", f"restoring the kernels failed: {job.get('error')}"), requestid)
+            self._reported.add(key)
+        return False
+
+    def _observe_pod_restore(self, pod: Mapping[str, Any], key: str, requestid: str) -> bool:
+        ws = _workspace_id(pod)
+        ps_name = m.annotations_of(pod).get(m.PS_NAME_ANNOTATION)
+        restored = m.condition(pod, "PodRestored")
+        if restored is not None and restored.get("status") == "True":
+            activity = self.sidecars.get(pod, "/activity") or {}
+            self._publish(key, WorkspaceReady(
+                ws, self._url(pod), _handle(pod),
+                kernels_restored=int(activity.get("kernels") or 0),
+                restore_ms=self._restore_ms(pod)), requestid)
+            return False
+        first = self._ready_seen.setdefault(key, time.monotonic())
+        if restored is None and time.monotonic() - first < RESTORE_CONDITION_GRACE_S:
+            return True
+        why = (f"PodRestored is {restored.get('status')}: {restored.get('message') or ''}"
+               if restored is not None else "the pod has no PodRestored condition")
+        self._publish(f"{ws}-failed-{requestid}", WorkspaceRuntimeFailed(
+            ws, "resume", f"GKE did not restore Pod Snapshot {ps_name} ({why.strip()}); the "
+                          "pod started fresh"), requestid)
+        self._reported.add(key)
+        return False
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _finished(self, key: str, obj: Mapping[str, Any], snapshot_id: str, requestid: str, *,
+                  method: str = "pod", uri: str | None = None, finished_at: str | None = None,
+                  job: Mapping[str, Any] | None = None, error: str | None = None) -> None:
+        annotations = m.annotations_of(obj)
+        accelerator = annotations.get(m.ANN_ACCELERATOR) or None
+        count = annotations.get(m.ANN_ACCELERATOR_COUNT) or "0"
+        ws = str(annotations.get(m.ANN_WORKSPACE_ID))
+        job = job or {}
+        started = _int(annotations.get(m.ANN_REQUESTED_AT))
+        if method == "kernel":
+            request = m.json_annotation(obj, m.ANN_SNAPSHOT_REQUEST) or {}
+            started = _int(request.get("requested_at_ms")) or started
+        duration = int(job.get("duration_ms") or 0)
+        if not duration and started:
+            end = _parse_ms(finished_at) or int(self.clock().timestamp() * 1000)
+            duration = max(0, end - started)
+        payload = SnapshotFinished(
+            workspace_id=ws, snapshot_id=snapshot_id, succeeded=error is None, method=method,
+            uri=str(job.get("uri") or uri) if (job.get("uri") or uri) else None,
+            bytes=int(job.get("bytes") or 0), duration_ms=duration,
+            accelerator=accelerator, accelerator_count=int(count) if count.isdigit() else 0,
+            captured=[str(c) for c in job.get("captured") or []],
+            skipped=[dict(s) for s in job.get("skipped") or [] if isinstance(s, Mapping)],
+            error=error)
+        self._publish(key, payload, requestid)
+
+    def _publish(self, key: str, payload: Any, requestid: str) -> None:
+        if key in self._reported:
+            return
+        self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid or None,
+                                   id=_event_id(key)))
+        self._reported.add(key)
+        log.info("published %s for %s", type(payload).__name__, key)
+
+    def _url(self, pod: Mapping[str, Any]) -> str:
+        meta = pod.get("metadata") or {}
+        return self.settings.url_template.format(
+            service=meta.get("name"), namespace=meta.get("namespace"),
+            port=self.settings.jupyter_port,
+            workspace=(meta.get("labels") or {}).get(m.LABEL_WORKSPACE, ""))
+
+    def _restore_ms(self, pod: Mapping[str, Any]) -> int | None:
+        annotations = m.annotations_of(pod)
+        if annotations.get(m.ANN_OPERATION) != "restore":
+            return None
+        started = _int(annotations.get(m.ANN_REQUESTED_AT))
+        if not started:
+            return None
+        return max(0, int(self.clock().timestamp() * 1000) - started)
+
+
+def _workspace_id(obj: Mapping[str, Any]) -> str:
+    return str(m.annotations_of(obj).get(m.ANN_WORKSPACE_ID) or "")
+
+
+def _snapshot_key(ws: str, request: Mapping[str, Any]) -> str:
+    return f"{ws}-snapshot-{request.get('snapshot_id')}"
+
+
+def _handle(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"k8s:{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _event_id(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"k8s-monitor:{key}".encode()).hexdigest()[:32]
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _parse_ms(text: str | None) -> int:
+    if not text:
+        return 0
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The official client: reading the cluster, reaching the agents
+# --------------------------------------------------------------------------------------------
+
+
+class KubeCluster:
+    """:class:`Cluster` over the official ``kubernetes`` client, cluster-wide.
+
+    Label selectors narrow what the API server sends; the monitor checks the labels again
+    (``manifests.is_managed``), so a server that ignores them changes nothing.
+    """
+
+    SELECTOR = f"{m.MANAGED_BY}={m.STASIS}"
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.pod_snapshots = True
+
+    def pods(self) -> list[dict[str, Any]]:
+        data = _json(self.core.list_pod_for_all_namespaces(
+            label_selector=self.SELECTOR, _preload_content=False))
+        return [p for p in data.get("items") or [] if m.is_managed(p)]
+
+    def triggers(self) -> list[dict[str, Any]]:
+        if not self.pod_snapshots:
+            return []
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            data = _json(self.custom.list_cluster_custom_object(
+                m.PODSNAPSHOT_GROUP, m.PODSNAPSHOT_VERSION, "podsnapshotmanualtriggers",
+                label_selector=self.SELECTOR, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:  # no Pod Snapshots on this cluster
+                return []
+            raise
+        return [t for t in data.get("items") or [] if m.is_managed(t)]
+
+    def podsnapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return _json(self.custom.get_namespaced_custom_object(
+                m.PODSNAPSHOT_GROUP, m.PODSNAPSHOT_VERSION, namespace, "podsnapshots", name,
+                _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def watches(self, wake: threading.Event) -> list[Callable[[threading.Event], None]]:
+        """Watch loops that set ``wake`` on every change (pods, triggers, PodSnapshots)."""
+
+        def pods(stop: threading.Event) -> None:
+            _watch(stop, wake, self.core.list_pod_for_all_namespaces,
+                   label_selector=self.SELECTOR)
+
+        def custom(plural: str) -> Callable[[threading.Event], None]:
+            def loop(stop: threading.Event) -> None:
+                _watch(stop, wake, self.custom.list_cluster_custom_object, m.PODSNAPSHOT_GROUP,
+                       m.PODSNAPSHOT_VERSION, plural)
+            loop.__name__ = f"watch-{plural}"
+            return loop
+
+        loops: list[Callable[[threading.Event], None]] = [pods]
+        if self.pod_snapshots:
+            loops += [custom("podsnapshotmanualtriggers"), custom("podsnapshots")]
+        return loops
+
+
+def _watch(stop: threading.Event, wake: threading.Event, fn: Callable[..., Any],
+           *args: Any, **kwargs: Any) -> None:
+    from kubernetes import watch
+
+    while not stop.is_set():
+        watcher = watch.Watch()
+        try:
+            for _event in watcher.stream(fn, *args, timeout_seconds=60, **kwargs):
+                wake.set()
+                if stop.is_set():
+                    break
+        except Exception as exc:  # a dropped or expired watch: start a new one
+            log.info("watch on %s ended: %s", getattr(fn, "__name__", fn), exc)
+            stop.wait(2.0)
+        finally:
+            watcher.stop()
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data = json.loads(getattr(response, "data", b"") or b"{}")
+    return data if isinstance(data, dict) else {}
+
+
+class HttpSidecars:
+    """:class:`Sidecars` over the pod network (the monitor runs in the cluster): the pod's
+    IP and the agent port. Any failure is None: the monitor asks again next pass."""
+
+    def __init__(self, port: int = 8890, timeout: float = 5.0) -> None:
+        import requests
+
+        self.port = port
+        self.timeout = timeout
+        self._session = requests.Session()
+        self._session.trust_env = False
+
+    def _url(self, pod: Mapping[str, Any], path: str) -> str | None:
+        ip = (pod.get("status") or {}).get("podIP")
+        return f"http://{ip}:{self.port}{path}" if ip else None
+
+    def get(self, pod: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+        return self._request("GET", pod, path)
+
+    def post(self, pod: Mapping[str, Any], path: str,
+             body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return self._request("POST", pod, path, json=dict(body))
+
+    def _request(self, method: str, pod: Mapping[str, Any], path: str,
+                 **kwargs: Any) -> dict[str, Any] | None:
+        import requests
+
+        url = self._url(pod, path)
+        if url is None:
+            return None
+        try:
+            response = self._session.request(method, url, timeout=self.timeout, **kwargs)
+        except requests.RequestException:
+            return None
+        if response.status_code >= 500 or response.status_code == 404:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+
+class ProxySidecars(HttpSidecars):
+    """:class:`Sidecars` through the API server's pod proxy, for a monitor outside the
+    cluster (development, the K3s tests): ``/api/v1/namespaces/NS/pods/POD:PORT/proxy``."""
+
+    def __init__(self, api_client: Any, port: int = 8890, timeout: float = 10.0) -> None:
+        super().__init__(port, timeout)
+        self.api_client = api_client
+
+    def _request(self, method: str, pod: Mapping[str, Any], path: str,
+                 **kwargs: Any) -> dict[str, Any] | None:
+        meta = pod.get("metadata") or {}
+        resource = (f"/api/v1/namespaces/{meta.get('namespace')}/pods/"
+                    f"{meta.get('name')}:{self.port}/proxy{path}")
+        headers = {"Accept": "application/json"}
+        body = kwargs.get("json")
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            params = self.api_client.param_serialize(method, resource, header_params=headers,
+                                                     body=body, auth_settings=["BearerToken"])
+            response = self.api_client.call_api(*params, _request_timeout=self.timeout)
+            response.read()
+        except Exception:
+            return None
+        if response.status >= 400:
+            return None
+        try:
+            data = json.loads(response.data or b"{}")
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def main() -> None:
+    from kubernetes import client, config
+
+    from runtime.local.publisher import PubSubPublisher
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config.load_incluster_config()
+        in_cluster = True
+    except config.ConfigException:
+        config.load_kube_config(context=os.environ.get("STASIS_K8S_CONTEXT") or None)
+        in_cluster = False
+    api_client = client.ApiClient()
+    settings = m.ClusterSettings(
+        pod_snapshots=os.environ.get("STASIS_POD_SNAPSHOTS", "1") in ("1", "true"),
+        url_template=os.environ.get("STASIS_K8S_URL_TEMPLATE",
+                                    m.ClusterSettings().url_template))
+    cluster = KubeCluster(api_client)
+    cluster.pod_snapshots = settings.pod_snapshots
+    sidecars: Sidecars = (HttpSidecars(settings.agent_port) if in_cluster
+                          else ProxySidecars(api_client, settings.agent_port))
+    project = os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or ""
+    monitor = Monitor(cluster, PubSubPublisher(project), sidecars, settings=settings,
+                      idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")))
+    stop = threading.Event()
+    monitor.run(stop, watches=cluster.watches(monitor.wake))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Exec trampoline of a sandbox: isolate this process, limit it, drop privileges, exec.
+
+    python -I runtime/local/sandbox_exec.py [--net isolated|host] [--uid N --gid N]
+        [--cpu-seconds N] [--memory-bytes N] [--processes N] [--file-bytes N]
+        [--cwd DIR] -- ARGV...
+    python -I runtime/local/sandbox_exec.py --probe --port P [--uid N --gid N]
+
+Run by path with ``-I`` (isolated mode: no PYTHON* variables, no user site, no package
+import), so it needs nothing from the scrubbed environment it is started with, and it
+imports the standard library only. Why a trampoline and not a ``preexec_fn``: see
+``runtime/local/launch.py`` (Python code between fork and exec in a threaded parent can
+deadlock); here every step runs in a fresh single-threaded interpreter that then execs.
+
+In order, each step fatal when it fails (exit status 125 and the reason on stderr: a
+sandbox is never run with less isolation than its runner asked for):
+
+1. ``--net isolated``: a new network namespace whose only interface is loopback, brought
+   up; the host's loopback (the emulators, the node agent) and every other network are out
+   of reach. As root this is ``unshare(CLONE_NEWNET | CLONE_NEWIPC)``; as another user it
+   is a user namespace mapping the user to itself, which owns the network namespace.
+2. rlimits, soft = hard so the task cannot raise them: RLIMIT_CPU (seconds, SIGXCPU then
+   SIGKILL five seconds later), RLIMIT_DATA (memory, per process: see launch.py for why
+   not RLIMIT_AS), RLIMIT_FSIZE (largest file, the log included), RLIMIT_CORE 0, and
+   RLIMIT_NPROC when the task gets a user of its own (it counts per user, so it is only
+   meaningful then; root is exempt from it anyway).
+3. chdir into the working copy, then, as root with ``--uid``, drop to that user and group
+   with no supplementary groups: the task cannot read root's files (cloud credentials in
+   /root), signal the agent, or re-enter the host's network namespace.
+4. PR_SET_NO_NEW_PRIVS, so no setuid binary gives privileges back; then exec.
+
+``--probe`` does steps 1 and 3 and checks, from inside, that a TCP server the prober runs
+on the host's loopback (``--port``) cannot be reached and that the host's network namespace
+cannot be re-entered; it prints a JSON report. The runner trusts isolation only after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+PR_SET_NO_NEW_PRIVS = 38
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+FAILED = 125
+
+
+class SetupError(Exception):
+    """A step of the sandbox setup failed; the task must not run."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(err)} (errno {errno.errorcode.get(err, err)})")
+
+
+def isolate_network() -> None:
+    """A fresh network namespace with loopback up (see the module docstring)."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNET | CLONE_NEWIPC if uid == 0 else CLONE_NEWUSER | CLONE_NEWNET
+    _check(_libc().unshare(flags), "unshare (new network namespace)")
+    if uid != 0:
+        # The new user namespace maps this user to itself and nobody else.
+        try:
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
+        except OSError as exc:
+            raise SetupError(f"mapping the user namespace: {exc}") from exc
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            ifreq = struct.pack("16sh22x", b"lo", 0)
+            flags_now = struct.unpack("16sh22x", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
+            fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags_now | IFF_UP))
+    except OSError as exc:
+        raise SetupError(f"bringing loopback up in the namespace: {exc}") from exc
+
+
+def apply_limits(*, cpu_seconds: int | None, memory_bytes: int | None, processes: int | None,
+                 file_bytes: int | None) -> None:
+    def limit(kind: int, soft: int, hard: int | None = None) -> None:
+        try:
+            resource.setrlimit(kind, (soft, soft if hard is None else hard))
+        except (ValueError, OSError) as exc:
+            raise SetupError(f"setrlimit({kind}, {soft}): {exc}") from exc
+
+    limit(resource.RLIMIT_CORE, 0)
+    if cpu_seconds:
+        limit(resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 5)
+    if memory_bytes:
+        limit(resource.RLIMIT_DATA, memory_bytes)
+    if file_bytes:
+        limit(resource.RLIMIT_FSIZE, file_bytes)
+    if processes:
+        limit(resource.RLIMIT_NPROC, processes)
+
+
+def drop_privileges(uid: int, gid: int) -> None:
+    try:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    except OSError as exc:
+        raise SetupError(f"dropping to uid {uid}: {exc}") from exc
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SetupError(f"still uid {os.geteuid()} after dropping to {uid}")
+
+
+def no_new_privileges() -> None:
+    _check(_libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def probe(port: int, uid: int | None, gid: int | None) -> dict[str, object]:
+    """Isolate, drop, and check from inside what the task will be able to reach."""
+    report: dict[str, object] = {"uid": os.getuid()}
+    try:
+        isolate_network()
+        if uid is not None and gid is not None:
+            drop_privileges(uid, gid)
+        no_new_privileges()
+    except SetupError as exc:
+        report.update(network=False, why=str(exc))
+        return report
+    report["uid"] = os.getuid()
+    try:
+        # A bytes host: after the drop the standard library may be unreadable (a Python
+        # installed under /root), and a str host needs the idna codec imported lazily.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect((b"127.0.0.1", port))
+        report.update(network=False, why=f"the host's loopback port {port} was reachable "
+                                         "from inside the namespace")
+        return report
+    except OSError as exc:
+        report["host_loopback"] = f"unreachable ({exc.strerror or exc})"
+    # Re-entering the host's namespace needs CAP_SYS_ADMIN over it: must be refused.
+    try:
+        fd = os.open("/proc/1/ns/net", os.O_RDONLY)
+        try:
+            result = _libc().setns(fd, CLONE_NEWNET)
+        finally:
+            os.close(fd)
+        if result == 0:
+            report.update(network=False, why="the host's network namespace could be "
+                                             "re-entered (setns succeeded)")
+            return report
+        report["setns"] = os.strerror(ctypes.get_errno())
+    except OSError as exc:
+        report["setns"] = exc.strerror or str(exc)
+    report["network"] = True
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sandbox_exec")
+    parser.add_argument("--net", choices=("isolated", "host"), default="isolated")
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("--cpu-seconds", type=int, default=None)
+    parser.add_argument("--memory-bytes", type=int, default=None)
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--file-bytes", type=int, default=None)
+    parser.add_argument("--cwd", default=None)
+    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if (args.uid is None) != (args.gid is None):
+        parser.error("--uid and --gid go together")
+    if args.probe:
+        print(json.dumps(probe(args.port, args.uid, args.gid)), flush=True)
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command to run after --")
+    try:
+        if args.net == "isolated":
+            isolate_network()
+        apply_limits(cpu_seconds=args.cpu_seconds, memory_bytes=args.memory_bytes,
+                     processes=args.processes if args.uid is not None else None,
+                     file_bytes=args.file_bytes)
+        if args.cwd:
+            os.chdir(args.cwd)
+        if args.uid is not None:
+            drop_privileges(args.uid, args.gid)
+        no_new_privileges()
+        os.umask(0o022)
+    except SetupError as exc:
+        print(f"sandbox setup failed, the task did not run: {exc}", file=sys.stderr, flush=True)
+        return FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"sandbox: cannot execute {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return 127
+    return FAILED  # unreachable: exec replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

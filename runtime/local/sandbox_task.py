@@ -1,0 +1,591 @@
+"""The monitor of one sandbox: prepare, run, watch, collect, upload, report.
+
+    python -m runtime.local.sandbox_task DIR
+
+The node agent starts one monitor per sandbox, in a session of its own, and reads
+``DIR/result.json`` when it exits (the agent publishes sandbox.finished). The monitor
+outlives an agent restart, so a task keeps running while the agent is away; a restarted
+agent finds the result (or the monitor still running) and reports it.
+
+``DIR`` (owned by the agent's user, mode 0711) holds what the runner wrote and what the
+monitor writes; the task cannot touch any of it:
+
+    spec.json     the sandbox (see ``runtime.local.sandboxes``)
+    log.txt       a header, the task's stdout and stderr, a footer saying how it ended
+    patch.diff    ``git add -A`` then ``git diff --binary <base sha>`` of the working copy
+    result.json   the sandbox.finished payload
+    work/ home/ tmp/   the working copy, $HOME and $TMPDIR, owned by the sandbox's user
+
+Steps:
+
+1. **Working copy**: ``git clone --no-hardlinks`` of the repository (a local path or a URL
+   the agent can reach), the base ref resolved to a commit and checked out detached, the
+   ``origin`` remote removed (a sandbox returns a patch; it never pushes), and everything
+   handed to the sandbox's user.
+2. **Run** ``/bin/sh -c COMMAND`` through ``sandbox_exec`` (network namespace, rlimits,
+   privilege drop) with a scrubbed environment (``scrubbed_env``). The monitor is a child
+   subreaper, so every process of the task stays its descendant even after a double fork;
+   it samples them every 100 ms and kills them all (SIGKILL, repeated until none is left)
+   when the wall clock, the total CPU time or the total resident memory passes its limit.
+   Per-process rlimits back this up between samples.
+3. **Collect** the patch as the sandbox's user (``git`` runs under the same isolation: the
+   task may have rewritten the repository's config and hooks, so nothing of the working
+   copy ever runs with the agent's privileges).
+4. **Upload** patch, log and result to ``gs://BUCKET/PREFIX/`` and delete the working copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+EXEC_PATH = Path(__file__).resolve().with_name("sandbox_exec.py")
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+SETUP_FAILED_EXIT = 125
+SETUP_FAILED_TEXT = b"sandbox setup failed, the task did not run"
+SAMPLE_SECONDS = 0.1
+CLONE_TIMEOUT = 300.0
+COLLECT_TIMEOUT = 120.0
+#: Largest file the task may write (the log included) and largest patch collected.
+FILE_BYTES = 1 << 30
+PATCH_BYTES = 256 << 20
+_MEMORY_WORDS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
+#: Variables of the host a sandbox may see; everything else (cloud credentials, tokens,
+#: SSH agents, proxies with passwords in them) stays out.
+ALLOWED_HOST_VARS = ("LANG", "LC_ALL", "TZ")
+
+
+class PrepareError(Exception):
+    """The working copy could not be made: the task never ran."""
+
+
+def scrubbed_env(*, sandbox_id: str, home: str, tmp: str, path: str,
+                 host: Mapping[str, str]) -> dict[str, str]:
+    """The task's whole environment: an allow-list, never the agent's environment minus
+    a deny-list (a new credential variable must not leak because nobody listed it)."""
+    env = {k: host[k] for k in ALLOWED_HOST_VARS if host.get(k)}
+    env.setdefault("LANG", "C.UTF-8")
+    env.update({
+        "PATH": path,
+        "HOME": home,
+        "TMPDIR": tmp,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "SHELL": "/bin/sh",
+        "TERM": "dumb",
+        "STASIS_SANDBOX_ID": sandbox_id,
+        # Commits made by the task are fine (the patch is taken against the base); they
+        # need an identity, and must not invent the agent user's.
+        "GIT_AUTHOR_NAME": "stasis sandbox",
+        "GIT_AUTHOR_EMAIL": "sandbox@stasis.invalid",
+        "GIT_COMMITTER_NAME": "stasis sandbox",
+        "GIT_COMMITTER_EMAIL": "sandbox@stasis.invalid",
+        "GIT_TERMINAL_PROMPT": "0",
+        # No __pycache__ in the patch of a repository that does not ignore it.
+        "PYTHONDONTWRITEBYTECODE": "1",
+    })
+    return env
+
+
+def exec_argv(spec: Mapping[str, Any], argv: Sequence[str], *, cwd: str,
+              cpu_seconds: int, memory_bytes: int, file_bytes: int,
+              net: str | None = None) -> list[str]:
+    """The trampoline's command line for ``argv`` under the sandbox's isolation."""
+    out = [str(spec.get("python") or sys.executable), "-I", str(EXEC_PATH),
+           "--net", net or spec["net"], "--cwd", cwd,
+           "--cpu-seconds", str(cpu_seconds), "--memory-bytes", str(memory_bytes),
+           "--file-bytes", str(file_bytes)]
+    if spec.get("uid") is not None:
+        out += ["--uid", str(spec["uid"]), "--gid", str(spec["gid"]),
+                "--processes", str(spec["limits"]["processes"])]
+    return [*out, "--", *argv]
+
+
+@dataclass
+class Watch:
+    """What the watchdog saw of one run."""
+
+    status: int | None = None  # wait status of the direct child
+    stopped: str | None = None  # termination decided by the watchdog
+    peak_memory_bytes: int = 0
+    cpu_seconds: float = 0.0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int | None:
+        """Shell convention: the code, or 128 + the signal that ended it."""
+        if self.status is None:
+            return None
+        if os.WIFEXITED(self.status):
+            return os.WEXITSTATUS(self.status)
+        if os.WIFSIGNALED(self.status):
+            return 128 + os.WTERMSIG(self.status)
+        return None
+
+
+def classify(watch: Watch, limits: Mapping[str, int], log_tail: bytes) -> tuple[str, str | None]:
+    """(termination, error) of a run: the watchdog's verdict first, then the exit."""
+    if watch.stopped == "wall_clock_exceeded":
+        return watch.stopped, (f"wall clock limit of {limits['wall_clock_seconds']} s "
+                               "exceeded; every process of the sandbox was killed")
+    if watch.stopped == "cpu_time_exceeded":
+        return watch.stopped, (f"CPU time limit of {limits['cpu_seconds']} s exceeded "
+                               f"({watch.cpu_seconds:.1f} s used); the sandbox was killed")
+    if watch.stopped == "memory_limit_exceeded":
+        return watch.stopped, (f"memory limit of {limits['memory_bytes']} bytes exceeded "
+                               f"({watch.peak_memory_bytes} bytes resident); the sandbox "
+                               "was killed")
+    if watch.stopped == "cancelled":
+        return "cancelled", "cancelled; every process of the sandbox was killed"
+    code = watch.exit_status
+    if code is None:
+        return "killed", "the task ended without an exit status"
+    if code == SETUP_FAILED_EXIT and SETUP_FAILED_TEXT in log_tail:
+        return "failed_to_start", _line_with(log_tail, SETUP_FAILED_TEXT)
+    if code == 0:
+        return "exited", None
+    signum = code - 128 if code > 128 else 0
+    if signum == signal.SIGXCPU or (signum == signal.SIGKILL
+                                    and watch.cpu_seconds >= limits["cpu_seconds"]):
+        return "cpu_time_exceeded", (f"CPU time limit of {limits['cpu_seconds']} s exceeded "
+                                     "(SIGXCPU)")
+    if signum == signal.SIGXFSZ:
+        return "killed", f"a file grew beyond the sandbox's limit of {FILE_BYTES} bytes"
+    if any(word in log_tail for word in _MEMORY_WORDS):
+        return "memory_limit_exceeded", (
+            f"memory limit of {limits['memory_bytes']} bytes per process: an allocation "
+            "failed (see the log)")
+    if signum and os.WIFSIGNALED(watch.status or 0):
+        return "killed", f"the task was killed by {signal.Signals(signum).name}"
+    return "exited", f"the task exited with status {code}"
+
+
+def _line_with(text: bytes, needle: bytes) -> str:
+    for line in text.splitlines():
+        if needle in line:
+            return line.decode(errors="replace").strip()
+    return needle.decode()
+
+
+class Monitor:
+    def __init__(self, directory: Path, spec: Mapping[str, Any]) -> None:
+        self.dir = directory
+        self.spec = spec
+        self.limits: dict[str, int] = dict(spec["limits"])
+        self.work = directory / "work"
+        self.home = directory / "home"
+        self.tmp = directory / "tmp"
+        self.log_path = directory / "log.txt"
+        self.patch_path = directory / "patch.diff"
+        self.cancelled = False
+        self.collected = False
+        self._current: tuple[subprocess.Popen[bytes], Watch] | None = None
+        self._uid: int | None = spec.get("uid")
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        began = time.monotonic()
+        signal.signal(signal.SIGTERM, self._cancel)
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # Not dumpable: /proc/<monitor>/environ (the agent's credentials) is then closed to
+        # a task running as the same user (an agent that is not root).
+        _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        result: dict[str, Any] = {
+            "sandbox_id": self.spec["sandbox_id"], "succeeded": False, "exit_status": None,
+            "patch_uri": None, "log_uri": None, "error": None, "termination": "exited",
+            "base_sha": None, "patch_bytes": 0, "files_changed": [], "duration_ms": 0,
+            "cpu_seconds": 0.0, "peak_memory_bytes": 0, "network": self.spec["network"],
+        }
+        with open(self.log_path, "ab") as log:
+            self._say(log, f"sandbox {self.spec['sandbox_id']}: {self.spec['command']}")
+            try:
+                base_sha = self.prepare(log)
+            except PrepareError as exc:
+                self._say(log, f"could not start: {exc}")
+                result.update(termination="failed_to_start", error=str(exc))
+            else:
+                result["base_sha"] = base_sha
+                watch = self.execute(log)
+                termination, error = classify(watch, self.limits, _tail(self.log_path))
+                result.update(termination=termination, error=error,
+                              exit_status=watch.exit_status,
+                              cpu_seconds=round(watch.cpu_seconds, 3),
+                              peak_memory_bytes=watch.peak_memory_bytes,
+                              succeeded=termination == "exited" and watch.exit_status == 0)
+                self._say(log, f"{termination}: {error or 'exit status 0'} after "
+                               f"{watch.seconds:.1f} s")
+                try:
+                    files = self.collect(base_sha)
+                    result.update(patch_bytes=self.patch_path.stat().st_size,
+                                  files_changed=files)
+                    self._say(log, f"patch: {len(files)} files, "
+                                   f"{result['patch_bytes']} bytes")
+                except PrepareError as exc:
+                    self._say(log, f"no patch: {exc}")
+                    result["error"] = (f"{error}; " if error else "") + f"no patch: {exc}"
+                    result["succeeded"] = False
+        result["duration_ms"] = int((time.monotonic() - began) * 1000)
+        self.upload(result)
+        if not os.environ.get("STASIS_SANDBOX_KEEP"):
+            for path in (self.work, self.home, self.tmp):
+                shutil.rmtree(path, ignore_errors=True)
+        return result
+
+    def _cancel(self, _signum: int, _frame: object) -> None:
+        self.cancelled = True
+
+    @staticmethod
+    def _say(log: Any, line: str) -> None:
+        log.write(f"# {time.strftime('%H:%M:%S')} {line}\n".encode())
+        log.flush()
+
+    # -- 1. the working copy ---------------------------------------------------------------
+
+    def prepare(self, log: Any) -> str:
+        repository = str(self.spec["repository"])
+        if "://" not in repository and not repository.startswith("git@"):
+            source = Path(repository)
+            if not source.is_absolute() or not source.is_dir():
+                raise PrepareError(f"repository {repository} is not a directory on this host "
+                                   "(give an absolute path or a git URL)")
+        ref = str(self.spec["base_ref"])
+        if ref.startswith("-"):
+            raise PrepareError(f"base ref {ref!r} is not a ref")
+        # A root agent cloning a user's repository: git calls it of "dubious ownership".
+        # Only the clone's reading side runs in it, which honours no command-running
+        # setting of a repository's own config; nothing else ever runs there. git takes
+        # safe.directory from protected config only (not -c, in git 2.39): a global config
+        # file of the clone's own says it.
+        trust = self.dir / "clone.gitconfig"
+        trust.write_text("".join(f"[safe]\n\tdirectory = {d}\n"
+                                 for d in (repository, f"{repository.rstrip('/')}/.git")))
+        self._git("clone", "--no-hardlinks", "--no-checkout", "--quiet", "--", repository,
+                  str(self.work), cwd=self.dir, env={"GIT_CONFIG_GLOBAL": str(trust)})
+        sha = None
+        for candidate in (ref, f"origin/{ref}"):
+            out = self._git("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}",
+                            cwd=self.work, check=False)
+            if out:
+                sha = out.strip()
+                break
+        if sha is None:
+            raise PrepareError(f"base ref {ref!r} is not a commit of {repository}")
+        self._git("checkout", "--quiet", "--detach", sha, cwd=self.work)
+        self._git("remote", "remove", "origin", cwd=self.work, check=False)
+        for path in (self.home, self.tmp):
+            path.mkdir(mode=0o700, exist_ok=True)
+        if self._uid is not None:
+            for path in (self.work, self.home, self.tmp):
+                _chown_tree(path, self._uid, int(self.spec["gid"]))
+        os.chmod(self.work, 0o700)
+        self._say(log, f"base {ref} = {sha}; limits {self.limits}; network: "
+                       f"{self.spec['network']}"
+                       + (f"; user {self._uid}" if self._uid is not None else ""))
+        return sha
+
+    def _git(self, *args: str, cwd: Path, check: bool = True,
+             env: Mapping[str, str] | None = None) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=cwd, capture_output=True,
+                                  timeout=CLONE_TIMEOUT, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0", **(env or {})})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PrepareError(f"git {_verb(args)}: {exc}") from exc
+        if check and done.returncode != 0:
+            why = [line for line in done.stderr.decode(errors="replace").splitlines()
+                   if line.startswith("fatal:")] or done.stderr.decode(errors="replace").split("\n")
+            raise PrepareError(f"git {_verb(args)} failed: {why[0].strip() or done.returncode}")
+        return done.stdout.decode(errors="replace") if done.returncode == 0 else ""
+
+    # -- 2. the task -------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        return scrubbed_env(sandbox_id=self.spec["sandbox_id"], home=str(self.home),
+                            tmp=str(self.tmp), path=str(self.spec["path"]), host=os.environ)
+
+    def execute(self, log: Any) -> Watch:
+        argv = exec_argv(self.spec, ["/bin/sh", "-c", str(self.spec["command"])],
+                         cwd=str(self.work), cpu_seconds=self.limits["cpu_seconds"],
+                         memory_bytes=self.limits["memory_bytes"], file_bytes=FILE_BYTES)
+        return self._watched(argv, stdout=log, wall=self.limits["wall_clock_seconds"])
+
+    def _watched(self, argv: list[str], *, stdout: Any, wall: float) -> Watch:
+        """Run argv, watching the whole tree until the direct child and every other
+        process of the sandbox are gone."""
+        watch = Watch()
+        baseline = _children_cpu()
+        began = time.monotonic()
+        try:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout,
+                                     stderr=subprocess.STDOUT if stdout is not None else None,
+                                     env=self._env(), close_fds=True, start_new_session=True)
+        except OSError as exc:
+            watch.notes.append(f"cannot start: {exc}")
+            return watch
+        self._current = (popen, watch)
+        while True:
+            self._reap()
+            if watch.status is not None:
+                break
+            elapsed = time.monotonic() - began
+            procs = self._processes()
+            rss, cpu = _usage(procs)
+            watch.cpu_seconds = max(watch.cpu_seconds, cpu + _children_cpu() - baseline)
+            watch.peak_memory_bytes = max(watch.peak_memory_bytes, rss)
+            reason = None
+            if self.cancelled:
+                reason = "cancelled"
+            elif elapsed > wall:
+                reason = "wall_clock_exceeded"
+            elif watch.cpu_seconds > self.limits["cpu_seconds"]:
+                reason = "cpu_time_exceeded"
+            elif rss > self.limits["memory_bytes"]:
+                reason = "memory_limit_exceeded"
+            if reason is not None:
+                watch.stopped = watch.stopped or reason
+                self._kill_all()
+                if elapsed > wall + 30:
+                    break  # nothing may keep a monitor (and its uid) busy for ever
+                continue
+            time.sleep(SAMPLE_SECONDS)
+        # The task's own leftovers (a daemon it started) end with it.
+        self._kill_all()
+        self._reap()
+        self._current = None
+        watch.cpu_seconds = max(watch.cpu_seconds, _children_cpu() - baseline)
+        watch.seconds = time.monotonic() - began
+        return watch
+
+    def _reap(self) -> None:
+        """Reap every exited child (the monitor is a subreaper: orphans come here too),
+        keeping the direct child's status: the only place that waits."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = -1, 0
+            current = self._current
+            if current is not None and current[1].status is None and (
+                    pid == current[0].pid or (pid == -1 and current[0].returncode is None)):
+                if pid == -1:
+                    # No child left at all, yet no status: never spin on a lost one.
+                    status = 9
+                current[1].status = status
+                current[0].returncode = current[1].exit_status  # Popen must not wait again
+            if pid <= 0:
+                return
+
+    def _processes(self) -> list[psutil.Process]:
+        """Every live process of the sandbox: the monitor's descendants, and every process
+        of the sandbox's user when it has one."""
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                found[child.pid] = child
+        if self._uid is not None:
+            for proc in psutil.process_iter(["uids"]):
+                with contextlib.suppress(psutil.Error, TypeError):
+                    if proc.info["uids"].real == self._uid:
+                        found[proc.pid] = proc
+        return [p for p in found.values() if _is_live(p)]
+
+    def _kill_all(self) -> None:
+        for _ in range(50):
+            procs = self._processes()
+            if not procs:
+                return
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(procs, timeout=1)
+            self._reap()
+
+    # -- 3. the patch ------------------------------------------------------------------------
+
+    def collect(self, base_sha: str) -> list[str]:
+        """``git add -A`` and the binary diff against the base, run as the sandbox."""
+        if not (self.work / ".git").exists():
+            raise PrepareError("the task removed the repository (.git)")
+        memory = max(self.limits["memory_bytes"], 512 << 20)
+        names_path = self.dir / "files.txt"
+        steps = (
+            (["git", "add", "-A"], None),
+            (["git", "diff", "--cached", "--binary", base_sha], self.patch_path),
+            (["git", "diff", "--cached", "--name-only", "-z", base_sha], names_path),
+        )
+        for argv, out_path in steps:
+            with open(out_path or os.devnull, "wb") as out, \
+                    open(self.dir / "collect.log", "ab") as errors:
+                # The network is never needed for a diff: isolated wherever the host can.
+                full = exec_argv(self.spec, argv, cwd=str(self.work), cpu_seconds=120,
+                                 memory_bytes=memory, file_bytes=PATCH_BYTES,
+                                 net="isolated" if self.spec.get("isolation") else "host")
+                watch = self._watched_to(full, out, errors)
+            if watch.stopped or watch.exit_status != 0:
+                tail = _tail(self.dir / "collect.log").decode(errors="replace").strip()
+                why = watch.stopped or f"exit status {watch.exit_status}"
+                raise PrepareError(f"{' '.join(argv[:2])} failed ({why}): "
+                                   f"{tail.splitlines()[-1] if tail else ''}")
+        self.collected = True
+        return [n for n in names_path.read_bytes().decode(errors="replace").split("\0") if n]
+
+    def _watched_to(self, argv: list[str], out: Any, errors: Any) -> Watch:
+        watch = Watch()
+        began = time.monotonic()
+        try:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=errors,
+                                     env=self._env(), close_fds=True, start_new_session=True)
+        except OSError as exc:
+            raise PrepareError(f"cannot run {argv[0]}: {exc}") from exc
+        self._current = (popen, watch)
+        while watch.status is None:
+            self._reap()
+            if watch.status is None and time.monotonic() - began > COLLECT_TIMEOUT:
+                watch.stopped = "timed out"
+                self._kill_all()
+            time.sleep(0.02)
+        self._kill_all()
+        self._current = None
+        return watch
+
+    # -- 4. upload ---------------------------------------------------------------------------
+
+    def upload(self, result: dict[str, Any]) -> None:
+        bucket_name = str(self.spec["bucket"])
+        prefix = str(self.spec["prefix"]).strip("/")
+        try:
+            bucket = _storage_client().bucket(bucket_name)
+            if self.collected:
+                _upload(bucket, f"{prefix}/patch.diff", self.patch_path, "text/x-diff")
+                result["patch_uri"] = f"gs://{bucket_name}/{prefix}/patch.diff"
+            _upload(bucket, f"{prefix}/log.txt", self.log_path, "text/plain")
+            result["log_uri"] = f"gs://{bucket_name}/{prefix}/log.txt"
+            blob = bucket.blob(f"{prefix}/result.json")
+            blob.upload_from_string(json.dumps(result, indent=2),
+                                    content_type="application/json")
+        except Exception as exc:  # the result still reaches the agent, with the reason
+            result["succeeded"] = False
+            result["error"] = ((result["error"] + "; ") if result["error"] else "") + (
+                f"could not upload to gs://{bucket_name}/{prefix}/: {type(exc).__name__}: "
+                f"{exc}; the patch and log stay in {self.dir}")
+
+
+def _upload(bucket: Any, name: str, path: Path, content_type: str) -> None:
+    for attempt in range(3):
+        try:
+            bucket.blob(name).upload_from_filename(str(path), content_type=content_type)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(0.5 * 2**attempt)
+
+
+def _storage_client() -> Any:
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return storage.Client.create_anonymous_client()
+    return storage.Client(project=os.environ.get("STASIS_PROJECT") or None)
+
+
+def _verb(args: Sequence[str]) -> str:
+    """The git subcommand of an argument list that may start with ``-c key=value``."""
+    rest = list(args)
+    while rest[:1] == ["-c"]:
+        rest = rest[2:]
+    return rest[0] if rest else "?"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _usage(procs: Sequence[psutil.Process]) -> tuple[int, float]:
+    """(resident bytes, CPU seconds incl. reaped descendants) summed over ``procs``."""
+    rss, cpu = 0, 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error), proc.oneshot():
+            rss += proc.memory_info().rss
+            times = proc.cpu_times()
+            cpu += times.user + times.system + times.children_user + times.children_system
+    return rss, cpu
+
+
+def _is_live(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def _tail(path: Path, size: int = 64 << 10) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read()
+    except OSError:
+        return b""
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a user other than the owner can traverse to ``path`` and into it."""
+    current = Path(path)
+    if not current.is_absolute():
+        return False
+    for part in [current, *current.parents]:
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return False
+        if not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m runtime.local.sandbox_task DIR", file=sys.stderr)
+        return 2
+    directory = Path(args[0]).resolve()
+    spec = json.loads((directory / "spec.json").read_text())
+    result = Monitor(directory, spec).run()
+    tmp = directory / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, directory / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""`stasis link create|list|revoke` and `stasis exec --link URL`.
+
+Links are issued by the ``links`` function (the CLI is one of its clients, chat another):
+the CLI never sees Firestore for them, and the token exists only in the function's answer.
+`stasis exec` needs nothing but the link: pass it with ``--link`` or, better (a command
+line is visible to every user of the machine in ``ps``), in ``STASIS_LINK``.
+
+Registered by one import at the end of ``stack/cli.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import requests
+
+from stack.cli import _as, _echo_json, _json, _settings, _target, _team, _user, main
+from stack.settings import Settings
+
+
+def _links_call(settings: Settings, method: str, path: str, user: str, **kwargs: Any) -> Any:
+    url = f"{settings.functions_url}/links/{path.lstrip('/')}"
+    try:
+        response = requests.request(method, url, headers={"X-Stasis-User": user},
+                                    timeout=30, **kwargs)
+    except requests.RequestException as exc:
+        raise click.ClickException(f"the links function did not answer ({exc}); is the "
+                                   "stack up (`stasis status`)?") from None
+    try:
+        body = response.json()
+    except ValueError:
+        raise click.ClickException(f"links: HTTP {response.status_code}: "
+                                   f"{response.text[:300]}") from None
+    if response.status_code >= 400:
+        raise click.ClickException(body.get("message") or body.get("error") or str(body))
+    return body
+
+
+@main.group()
+def link() -> None:
+    """Short-lived, revocable links that let a coding agent run code in a workspace."""
+
+
+@link.command("create")
+@click.argument("name")
+@_team
+@click.option("--ttl", default=None, help="How long it works: 30m, 1h (default), 2h30m; "
+                                          "capped by policy (12h).")
+@click.option("--scope", type=click.Choice(["exec", "read"]), default="exec", show_default=True,
+              help="exec: run code and use the Jupyter API; read: read the Jupyter API only.")
+@_as
+@_json
+def link_create(name: str, team: str | None, ttl: str | None, scope: str,
+                as_user: str | None, as_json: bool) -> None:
+    """Create a link to workspace NAME; its URL (with the token) is shown once."""
+    settings, ws_id, user = _target(name, team, as_user)
+    body = _links_call(settings, "POST", "/", user,
+                       json={"workspace_id": ws_id, "scope": scope, "ttl": ttl})
+    if as_json:
+        _echo_json(body)
+        return
+    for notice in body.get("notices") or []:
+        click.echo(f"note: {notice}", err=True)
+    click.echo(f"link {body['link_id']} to {ws_id} ({body['scope']}), expires "
+               f"{body['expires_at']}")
+    click.echo(f"  {body['url']}")
+    click.echo("The URL carries the token and is shown only now (it is not stored). Give it "
+               "to the agent, e.g.\n  STASIS_LINK='<url>' stasis exec 'print(1)'\n"
+               f"Revoke it with: stasis link revoke {body['link_id']}")
+
+
+@link.command("list")
+@click.argument("name", required=False)
+@_team
+@click.option("--all", "all_", is_flag=True, help="Include expired and revoked links.")
+@_as
+@_json
+def link_list(name: str | None, team: str | None, all_: bool, as_user: str | None,
+              as_json: bool) -> None:
+    """Your links (a team admin: every link of the team), optionally of workspace NAME."""
+    params: dict[str, str] = {"all": "1" if all_ else "0"}
+    if name:
+        settings, ws_id, user = _target(name, team, as_user)
+        params["workspace"] = ws_id
+    else:
+        settings, user = _settings(), _user(as_user)
+        if team:
+            params["team"] = team
+    rows = _links_call(settings, "GET", "/", user, params=params)["links"]
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("no links")
+    for row in rows:
+        click.echo(f"{row['link_id']}  {row['workspace_id']:<22} {row['scope']:<5} "
+                   f"{row['status']:<8} {row['creator']:<8} expires {row['expires_at']}  "
+                   f"uses {row['uses']}")
+
+
+@link.command("revoke")
+@click.argument("link_id")
+@_as
+@_json
+def link_revoke(link_id: str, as_user: str | None, as_json: bool) -> None:
+    """Revoke LINK_ID now: it stops working within a second, open streams included."""
+    body = _links_call(_settings(), "DELETE", f"/{link_id}", _user(as_user))
+    if as_json:
+        _echo_json(body)
+        return
+    if body.get("error") == "already_revoked":
+        click.echo(f"{link_id} was already revoked")
+    else:
+        click.echo(f"revoked {link_id} ({body.get('workspace_id')})")
+
+
+@main.command("exec")
+@click.option("--link", "link_url", envvar="STASIS_LINK", required=True,
+              help="The link URL (or STASIS_LINK, which `ps` does not show).")
+@click.option("-f", "--file", "script", type=click.File("r"),
+              help="Run this file ('-': stdin) instead of CODE.")
+@click.option("--notebook", default=None, help="Run in this notebook's kernel.")
+@click.option("--kernel", "kernel_id", default=None, help="Run in this kernel.")
+@click.option("--timeout", type=float, default=None, help="Interrupt the cell after SECONDS.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which kernel runs the code.")
+@click.argument("code", required=False)
+def exec_command(link_url: str, script: Any, notebook: str | None, kernel_id: str | None,
+                 timeout: float | None, verbose: bool, code: str | None) -> None:
+    """Run CODE (or -f FILE) in the linked workspace's kernel; output streams back and the
+    exit status is the cell's: 0 ok, 1 it raised, 3 link refused, 4 workspace unavailable.
+    A paused workspace is resumed first."""
+    from stack import link_client
+
+    if (code is None) == (script is None):
+        raise click.UsageError("give CODE or -f FILE (one of them)")
+    source = code if code is not None else script.read()
+    sys.exit(link_client.run(link_url, source, notebook=notebook, kernel_id=kernel_id,
+                             timeout=timeout, verbose=verbose))
+

@@ -1,0 +1,280 @@
+"""`stasis sandbox run|list|show|apply|cancel`: background tasks that return patches.
+
+`run` publishes sandbox.requested (as chat or an agent would) and, with `--wait`, follows
+the sandbox through the queue to its end. `show` prints the patch on stdout (the summary
+goes to stderr, so `stasis sandbox show ID > fix.patch` works), `apply` applies it to a
+checkout with `git apply` after checking it applies: patches are never applied on their own.
+
+Registered by one import at the end of ``stack/cli.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stack.cli import _as, _bus, _echo_json, _env, _json, _settings, _team_of, _user, main
+from stack.settings import Settings
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED"}
+
+
+def new_sandbox_id(now: datetime | None = None) -> str:
+    """``sbx-YYYYmmdd-HHMMSS-xxxxxx``: sortable by time, unique, a valid label."""
+    now = now or datetime.now(UTC)
+    return f"sbx-{now:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
+def _db() -> Any:
+    from google.cloud import firestore
+
+    return firestore.Client(project=os.environ.get("STASIS_PROJECT", "stasis-local"))
+
+
+def _doc(sandbox_id: str) -> dict[str, Any] | None:
+    snap = _db().collection("sandboxes").document(sandbox_id).get()
+    return snap.to_dict() if snap.exists else None
+
+
+def _read_uri(uri: str) -> bytes:
+    from functions.adapters.snapshots import storage_client
+
+    if not uri.startswith("gs://"):
+        raise click.ClickException(f"not a Cloud Storage URI: {uri}")
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    client = storage_client(os.environ.get("STASIS_PROJECT", "stasis-local"))
+    try:
+        data: bytes = client.bucket(bucket).blob(name).download_as_bytes()
+    except Exception as exc:
+        raise click.ClickException(f"cannot read {uri}: {exc}") from None
+    return data
+
+
+def _jsonable(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in doc.items()}
+
+
+@main.group()
+def sandbox() -> None:
+    """Run a task in an isolated sandbox; get a patch back for review."""
+
+
+@sandbox.command("run")
+@click.option("--repo", "repository", required=True,
+              help="A local path (on the runtime's host) or a git URL it can reach.")
+@click.option("--command", "command", required=True, help="Run with /bin/sh -c in the copy.")
+@click.option("--base", "base_ref", default="HEAD", show_default=True, help="Base ref.")
+@click.option("--allow-network", "allowed", multiple=True,
+              help="A destination the task may reach (repeatable); none by default.")
+@click.option("--cpu-seconds", type=int, default=None, help="Default: the team's policy.")
+@click.option("--memory", default=None, help="e.g. 2Gi. Default: the team's policy.")
+@click.option("--timeout", "wall_clock", type=int, default=None,
+              help="Wall clock seconds. Default: the team's policy.")
+@click.option("--processes", type=int, default=None, help="Default: the team's policy.")
+@click.option("--team", default=None, help="Team (default: your first team).")
+@click.option("--id", "sandbox_id", default=None, help="Sandbox id (default: a new one).")
+@_as
+@click.option("--wait", is_flag=True, help="Follow the sandbox to its end.")
+@click.option("--wait-timeout", type=float, default=3600.0, show_default=True)
+@_json
+def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str, ...],
+                cpu_seconds: int | None, memory: str | None, wall_clock: int | None,
+                processes: int | None, team: str | None, sandbox_id: str | None,
+                as_user: str | None, wait: bool, wait_timeout: float, as_json: bool) -> None:
+    """Run COMMAND on a working copy of REPO at BASE; the result is a patch."""
+    from events import InvalidEvent, SandboxRequested, new_event
+
+    settings = _settings()
+    _env(settings)
+    user = _user(as_user)
+    team = _team_of(user, team)
+    if "://" not in repository and not repository.startswith("git@"):
+        path = Path(repository).expanduser().resolve()
+        if not (path / ".git").exists():
+            raise click.UsageError(f"{path} is not a git checkout")
+        repository = str(path)
+    limits: dict[str, Any] = {k: v for k, v in (
+        ("cpu_seconds", cpu_seconds), ("memory", memory), ("wall_clock_seconds", wall_clock),
+        ("processes", processes)) if v is not None}
+    payload = SandboxRequested(
+        sandbox_id=sandbox_id or new_sandbox_id(), team=team, requester=user,
+        repository=repository, command=command, base_ref=base_ref, limits=limits,
+        allowed_network=list(dict.fromkeys(allowed)))
+    try:
+        event = new_event(payload, source="//stasis/cli", requestid=uuid.uuid4().hex)
+    except InvalidEvent as exc:
+        raise click.UsageError(exc.reason) from None
+    _bus(settings).publish(event)
+    if not wait:
+        out = {"sandbox_id": payload.sandbox_id, "requestid": event.requestid}
+        click.echo(json.dumps(out) if as_json else
+                   f"requested sandbox {payload.sandbox_id} (request {event.requestid}); "
+                   f"follow with `stasis sandbox show {payload.sandbox_id}`")
+        return
+    doc = follow(payload.sandbox_id, timeout=wait_timeout,
+                 progress=None if as_json else click.echo)
+    if as_json:
+        _echo_json(_jsonable(doc))
+    sys.exit(0 if doc.get("state") == "SUCCEEDED" else 1)
+
+
+def follow(sandbox_id: str, *, timeout: float, progress: Any = None) -> dict[str, Any]:
+    """Wait for the sandbox to end; report each state and queue position on the way."""
+    say = progress or (lambda _m: None)
+    deadline = time.monotonic() + timeout
+    seen: tuple[Any, ...] | None = None
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        doc = _doc(sandbox_id)
+        if doc is None:
+            time.sleep(0.2)
+            continue
+        key = (doc.get("state"), doc.get("queue_position"))
+        if key != seen:
+            say(f"{sandbox_id}: {doc.get('state')} ({time.monotonic() - started:.1f}s) — "
+                f"{doc.get('message')}")
+            seen = key
+        if doc.get("state") in TERMINAL:
+            return doc
+        time.sleep(0.2)
+    raise click.ClickException(f"timed out after {timeout:g}s waiting for {sandbox_id}")
+
+
+@sandbox.command("list")
+@click.option("--team", default=None)
+@click.option("--all", "all_", is_flag=True, help="Include ended sandboxes.")
+@_json
+def sandbox_list(team: str | None, all_: bool, as_json: bool) -> None:
+    """Sandboxes, newest first: state, queue position, requester, files changed."""
+    from google.cloud import firestore
+
+    _env(_settings())
+    query: Any = _db().collection("sandboxes")
+    if team:
+        query = query.where(filter=firestore.FieldFilter("team", "==", team))
+    rows = [d.to_dict() for d in query.limit(500).stream()]
+    rows = [r for r in rows if all_ or r.get("state") not in TERMINAL
+            or _recent(r.get("finished_at"))]
+    rows.sort(key=lambda r: r.get("requested_at") or datetime.min.replace(tzinfo=UTC),
+              reverse=True)
+    if as_json:
+        _echo_json([_jsonable(r) for r in rows])
+        return
+    if not rows:
+        click.echo("no sandboxes")
+    for r in rows:
+        where = f"#{r['queue_position']}" if r.get("queue_position") else ""
+        click.echo(f"{r['id']:<32} {r['team']:<8} {r['state']:<10} {where:<4} "
+                   f"{r['requester']:<8} {len(r.get('files_changed') or []):>3} files  "
+                   f"{r.get('reason')}")
+
+
+def _recent(when: Any, hours: float = 24.0) -> bool:
+    return isinstance(when, datetime) and (
+        datetime.now(UTC) - when).total_seconds() < hours * 3600
+
+
+@sandbox.command("show")
+@click.argument("sandbox_id")
+@click.option("--log", "show_log", is_flag=True, help="Print the task's log, not the patch.")
+@_json
+def sandbox_show(sandbox_id: str, show_log: bool, as_json: bool) -> None:
+    """Print SANDBOX_ID's patch (summary on stderr); --log prints its log."""
+    _env(_settings())
+    doc = _doc(sandbox_id)
+    if doc is None:
+        raise click.ClickException(f"no sandbox {sandbox_id}")
+    if as_json:
+        _echo_json(_jsonable(doc))
+        return
+    for key in ("state", "reason", "message", "requester", "repository", "base_ref",
+                "base_sha", "command", "exit_status", "termination", "network",
+                "duration_ms", "cpu_seconds", "peak_memory_bytes", "patch_uri", "log_uri"):
+        if doc.get(key) not in (None, ""):
+            click.echo(f"{key:<17} {doc[key]}", err=True)
+    uri = doc.get("log_uri") if show_log else doc.get("patch_uri")
+    if doc.get("state") not in TERMINAL:
+        click.echo("(not finished yet)", err=True)
+        return
+    if not uri:
+        click.echo(f"(no {'log' if show_log else 'patch'})", err=True)
+        return
+    sys.stdout.buffer.write(_read_uri(uri))
+    sys.stdout.flush()
+
+
+@sandbox.command("apply")
+@click.argument("sandbox_id")
+@click.option("--to", "checkout", required=True, type=click.Path(file_okay=False, exists=True),
+              help="The git checkout to apply the patch to (its working tree).")
+@click.option("--check", is_flag=True, help="Only check that it applies.")
+def sandbox_apply(sandbox_id: str, checkout: str, check: bool) -> None:
+    """Apply SANDBOX_ID's patch to CHECKOUT's working tree (git apply); commit it yourself."""
+    _env(_settings())
+    doc = _doc(sandbox_id)
+    if doc is None:
+        raise click.ClickException(f"no sandbox {sandbox_id}")
+    if doc.get("state") not in TERMINAL:
+        raise click.ClickException(f"sandbox {sandbox_id} is {doc.get('state')}: no patch yet")
+    if not doc.get("patch_uri"):
+        raise click.ClickException(f"sandbox {sandbox_id} has no patch ({doc.get('message')})")
+    patch = _read_uri(doc["patch_uri"])
+    if not patch:
+        click.echo(f"sandbox {sandbox_id} changed no files: nothing to apply")
+        return
+    head = _git(checkout, "rev-parse", "HEAD", check=False).stdout.strip()
+    if doc.get("base_sha") and head and head != doc["base_sha"]:
+        click.echo(f"note: {checkout} is at {head[:12]}, the patch was made against "
+                   f"{doc['base_sha'][:12]}", err=True)
+    with tempfile.NamedTemporaryFile(suffix=".patch", delete=False) as f:
+        f.write(patch)
+    try:
+        verdict = _git(checkout, "apply", "--check", "--binary", f.name, check=False)
+        if verdict.returncode != 0:
+            raise click.ClickException(f"the patch does not apply to {checkout}:\n"
+                                       f"{verdict.stderr.strip()}")
+        if check:
+            click.echo(f"the patch of {sandbox_id} applies to {checkout}")
+            return
+        _git(checkout, "apply", "--binary", f.name)
+    finally:
+        os.unlink(f.name)
+    files = doc.get("files_changed") or []
+    click.echo(f"applied {sandbox_id} to {checkout}: {len(files)} files "
+               f"({', '.join(files[:5])}{', ...' if len(files) > 5 else ''}); review with "
+               "`git diff`, then commit")
+
+
+@sandbox.command("cancel")
+@click.argument("sandbox_id")
+def sandbox_cancel(sandbox_id: str) -> None:
+    """Stop a running sandbox (local runtime); it reports KILLED (cancelled) with its patch."""
+    from functions.adapters.sandbox_runtime import LocalSandboxRuntime
+    from functions.ports import RuntimeRefused, RuntimeUnavailable
+
+    settings: Settings = _settings()
+    try:
+        answer = LocalSandboxRuntime(settings.node_agent_url)._call(
+            "DELETE", f"/sandboxes/{sandbox_id}")
+    except (RuntimeRefused, RuntimeUnavailable) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{sandbox_id}: " + ("cancelling" if answer.get("cancelled")
+                                    else f"not running ({answer.get('state')})"))
+
+
+def _git(checkout: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["git", "-C", checkout, *args], capture_output=True, text=True,
+                          check=False)
+    if check and done.returncode != 0:
+        raise click.ClickException(f"git {' '.join(args[:1])} failed: {done.stderr.strip()}")
+    return done

@@ -1,0 +1,1 @@
+"""What a notebook imports: ``import stasis.jobs`` (scale-out jobs from a workspace)."""

@@ -1,0 +1,81 @@
+"""The notebook's side of job admission: job.submitted out, ``jobs/{id}`` back, job.finished.
+
+:class:`EventControlPlane` publishes job.submitted, then waits until the control plane
+(``on_job_submitted``: ``functions.handlers.jobs``) has decided in ``jobs/{id}``: RUNNING
+lets the job start, REFUSED raises :class:`stasis.jobs.JobRefused` with the reason and what
+to do. When the job ends it publishes job.finished, which gives the team's accelerators
+back. ``from_environment()`` wires it to Pub/Sub and Firestore (emulators included) for a
+kernel that has ``STASIS_PROJECT``, ``STASIS_TEAM``, ``STASIS_OWNER`` and, optionally,
+``STASIS_WORKSPACE_ID`` in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from events import Event, new_event
+from events.payloads import JobFinished, JobSubmitted
+
+SOURCE = "//stasis/notebook"
+
+
+class EventControlPlane:
+    def __init__(self, publish: Callable[[Event[Any]], Any],
+                 read_job: Callable[[str], Mapping[str, Any] | None], *, team: str,
+                 owner: str, workspace_id: str | None = None, runtime: str = "local",
+                 timeout: float = 60.0, poll: float = 0.2) -> None:
+        self.publish, self.read_job = publish, read_job
+        self.team, self.owner, self.workspace_id = team, owner, workspace_id
+        self.runtime, self.timeout, self.poll = runtime, timeout, poll
+
+    def submitted(self, job_id: str, *, profile: str, hosts: int, function: str) -> None:
+        from stasis.jobs import JobRefused
+
+        self.publish(new_event(JobSubmitted(
+            job_id=job_id, team=self.team, owner=self.owner, profile=profile, hosts=hosts,
+            workspace_id=self.workspace_id, runtime=self.runtime, function=function[:512]),
+            source=SOURCE, requestid=f"submit-{job_id}"))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            doc = self.read_job(job_id)
+            state = (doc or {}).get("state")
+            if state == "REFUSED":
+                raise JobRefused((doc or {}).get("message") or f"job {job_id} was refused")
+            if state in ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id}: no admission decision after "
+                                   f"{self.timeout:.0f} s (is the control plane up?)")
+            time.sleep(self.poll)
+
+    def finished(self, job_id: str, *, succeeded: bool, termination: str,
+                 exit_status: int | None, failed_host: int | None, error: str | None,
+                 log_uri: str | None, duration_ms: int) -> None:
+        self.publish(new_event(JobFinished(
+            job_id=job_id, succeeded=succeeded, termination=termination,
+            exit_status=exit_status, failed_host=failed_host,
+            error=error[-4000:] if error else None, log_uri=log_uri,
+            duration_ms=duration_ms), source=SOURCE, requestid=f"finish-{job_id}"))
+
+
+def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
+    """Pub/Sub + Firestore of ``STASIS_PROJECT`` (the emulators when their hosts are set)."""
+    from google.cloud import firestore
+
+    from functions.adapters.pubsub_bus import PubSubBus
+
+    env = env if env is not None else os.environ
+    project = env["STASIS_PROJECT"]
+    bus = PubSubBus(project)
+    db = firestore.Client(project=project)
+
+    def read_job(job_id: str) -> Mapping[str, Any] | None:
+        snap = db.collection("jobs").document(job_id).get()
+        return snap.to_dict() if snap.exists else None
+
+    return EventControlPlane(bus.publish, read_job, team=env["STASIS_TEAM"],
+                             owner=env.get("STASIS_OWNER", "unknown"),
+                             workspace_id=env.get("STASIS_WORKSPACE_ID") or None)

@@ -1,0 +1,75 @@
+"""Scale-out jobs from a notebook: the same function on one host or on a multi-host slice.
+
+    import stasis.jobs
+
+    def train(steps):
+        import torch, torch.distributed as dist
+        ...                                   # every host runs this; they form one group
+        return loss
+
+    job = stasis.jobs.submit(train, 100, profile="cpu-small", hosts=4)
+    for line in job.logs():                   # "[host 2] step 10 loss 0.41", as they come
+        print(line)
+    job.result()                              # host 0's return value, or JobFailed
+    job.status(), job.cancel()
+
+The function and its arguments travel with cloudpickle; the notebook's working directory
+(the workspace's home) is importable on every host. On the local runtime the hosts are
+processes of this machine joined by ``torch.distributed`` (gloo, loopback rendezvous):
+``runtime.local.jobs``. With a control plane (``control_plane=``), the job is first
+admitted against the team's accelerator quota (``job.submitted``; refused: ``JobRefused``)
+and its end gives them back (``job.finished``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from runtime.local.jobs import JobFailed, LocalJob, new_job_id
+
+__all__ = ["ControlPlane", "Job", "JobFailed", "JobRefused", "submit"]
+
+
+class JobRefused(RuntimeError):
+    """The control plane did not admit the job (the message says why and what to do)."""
+
+
+class ControlPlane(Protocol):
+    """Admission and release of a job's accelerators (job.submitted / job.finished)."""
+
+    def submitted(self, job_id: str, *, profile: str, hosts: int, function: str) -> None:
+        """Returns once the job is admitted; raises :class:`JobRefused` otherwise."""
+        ...
+
+    def finished(self, job_id: str, *, succeeded: bool, termination: str,
+                 exit_status: int | None, failed_host: int | None, error: str | None,
+                 log_uri: str | None, duration_ms: int) -> None: ...
+
+
+Job = LocalJob
+
+
+def submit(fn: Callable[..., Any], *args: Any, profile: str = "cpu-small", hosts: int = 1,
+           kwargs: Mapping[str, Any] | None = None, job_id: str | None = None,
+           env: Mapping[str, str] | None = None,
+           control_plane: ControlPlane | None = None) -> LocalJob:
+    """Run ``fn(*args, **kwargs)`` on ``hosts`` hosts of ``profile``; returns at once."""
+    job_id = job_id or new_job_id()
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    if control_plane is not None:
+        control_plane.submitted(job_id, profile=profile, hosts=hosts, function=name)
+
+    def report(job: LocalJob) -> None:
+        if control_plane is None:
+            return
+        termination = {"SUCCEEDED": "exited", "CANCELLED": "cancelled"}.get(
+            job.state, "host_failed")
+        duration = int(((job.finished_at or 0) - (job.started_at or 0)) * 1000)
+        control_plane.finished(job.id, succeeded=job.state == "SUCCEEDED",
+                               termination=termination, exit_status=job.exit_status,
+                               failed_host=job.failed_host, error=job.error,
+                               log_uri=job.log_path.as_uri(), duration_ms=max(0, duration))
+
+    job = LocalJob(fn, args, kwargs, hosts=hosts, job_id=job_id, env=env, on_finish=report)
+    return job.start()

@@ -1,0 +1,80 @@
+# Each function's own account gets exactly what it does (topics: modules/pubsub; secrets:
+# modules/secrets; invokers: modules/functions). Firestore has no finer IAM than the
+# database: the dashboard reads, the others read and write.
+
+resource "google_project_iam_member" "firestore" {
+  for_each = local.functions
+
+  project = var.project_id
+  role    = contains(local.read_only, each.key) ? "roles/datastore.viewer" : "roles/datastore.user"
+  member  = local.member[each.key]
+}
+
+resource "google_storage_bucket_iam_member" "snapshots" {
+  for_each = toset(local.snapshot_users)
+
+  bucket = module.storage.snapshot_bucket
+  role   = "roles/storage.objectUser"
+  member = local.member[each.value]
+}
+
+# Reaching the control plane's DNS endpoint and reading the cluster; what a function may do
+# inside is Kubernetes RBAC (modules/kubernetes), bound to the same identities.
+resource "google_project_iam_member" "cluster" {
+  for_each = toset(var.runtime == "kubernetes" ? local.cluster_users : [])
+
+  project = var.project_id
+  role    = "roles/container.clusterViewer"
+  member  = local.member[each.value]
+}
+
+# --- the cluster monitor -------------------------------------------------------------------------
+resource "google_service_account_iam_member" "monitor_workload_identity" {
+  service_account_id = google_service_account.monitor.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${module.gke.workload_pool}[${var.kubernetes.monitor.namespace}/${var.kubernetes.monitor.service_account}]"
+}
+
+# --- workspaces: each team's pods write their own team's snapshots only ------------------------
+# Pod Snapshots (tokenSource podKSA) and the kernel agent both act as the team's Kubernetes
+# service account; Workload Identity Federation lets IAM name it directly (no Google service
+# account). The condition confines it to the bucket itself (listing) and the team's prefix.
+locals {
+  team_principal = {
+    for team, t in var.kubernetes.teams : team =>
+    "principal://iam.googleapis.com/projects/${module.project.project_number}/locations/global/workloadIdentityPools/${module.gke.workload_pool}/subject/ns/${t.namespace}/sa/${var.kubernetes.workspace_service_account}"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "team_objects" {
+  for_each = var.kubernetes.teams
+
+  bucket = module.storage.snapshot_bucket
+  role   = "roles/storage.objectUser"
+  member = local.team_principal[each.key]
+
+  condition {
+    title       = "team-${each.key}"
+    description = "Only the team's snapshot prefix (and listing the bucket)."
+    expression = join(" || ", [
+      "resource.name == \"projects/_/buckets/${module.storage.snapshot_bucket}\"",
+      "resource.name.startsWith(\"projects/_/buckets/${module.storage.snapshot_bucket}/objects/${each.value.snapshot_prefix}\")",
+      "resource.name.startsWith(\"projects/_/buckets/${module.storage.snapshot_bucket}/folders/${each.value.snapshot_prefix}\")",
+    ])
+  }
+}
+
+resource "google_storage_bucket_iam_member" "team_bucket" {
+  for_each = var.kubernetes.teams
+
+  bucket = module.storage.snapshot_bucket
+  role   = "roles/storage.bucketViewer"
+  member = local.team_principal[each.key]
+}
+
+# GKE's own agent deletes the objects of a PodSnapshot that is deleted.
+resource "google_storage_bucket_iam_member" "gke_agent" {
+  bucket = module.storage.snapshot_bucket
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${module.project.agents.container}"
+}

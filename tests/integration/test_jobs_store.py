@@ -1,0 +1,158 @@
+"""Jobs on the Firestore emulator: ``jobs/{id}`` and the team's usage change in ONE
+transaction; the quota refuses a job over the team's allowance; a job's end gives its
+chips back exactly once, and a redelivered event has one effect."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from google.cloud import firestore
+
+from events import new_event
+from events.payloads import JobFinished, JobSubmitted
+from functions.adapters.job_store import FirestoreJobStore
+from functions.domain.catalog import Catalog
+from functions.handlers import jobs as handler
+from functions.routes import ROUTES
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def env(emulator_env: dict[str, str]) -> Any:
+    db = firestore.Client(project=emulator_env["STASIS_PROJECT"])
+    db.collection("teams").document("ml-a").set(
+        {"id": "ml-a", "usage": {"workspaces": 1, "gpus": 1, "tpus": 0, "snapshot_bytes": 0}})
+    deps = SimpleNamespace(jobs=FirestoreJobStore(db), catalog=lambda: CATALOG,
+                           clock=lambda: NOW)
+    return SimpleNamespace(db=db, deps=deps)
+
+
+def submitted(job_id: str, hosts: int = 1, profile: str = "tpu-v5e-8") -> Any:
+    return new_event(JobSubmitted(job_id=job_id, team="ml-a", owner="alice", profile=profile,
+                                  hosts=hosts, workspace_id="ml-a--nb"),
+                     source="//stasis/notebook", requestid=f"req-{job_id}")
+
+
+def finished(job_id: str, succeeded: bool = True) -> Any:
+    return new_event(JobFinished(job_id=job_id, succeeded=succeeded,
+                                 termination="exited" if succeeded else "host_failed",
+                                 exit_status=0 if succeeded else 1,
+                                 failed_host=None if succeeded else 3,
+                                 error=None if succeeded else "host 3 exited with status 1"),
+                     source="//stasis/notebook", requestid=f"fin-{job_id}")
+
+
+def usage(env: Any) -> dict[str, int]:
+    return env.db.collection("teams").document("ml-a").get().to_dict()["usage"]
+
+
+def job(env: Any, job_id: str) -> dict[str, Any]:
+    return env.db.collection("jobs").document(job_id).get().to_dict()
+
+
+def test_routes_take_the_job_events() -> None:
+    assert ROUTES["on_job_submitted"].handler is handler.handle
+    assert ROUTES["on_job_finished"].event == "job.finished"
+
+
+def test_admission_release_and_refusal_in_one_transaction(env: Any) -> None:
+    d = handler.handle(submitted("job-a"), env.deps, "on_job_submitted")
+    assert d is not None and d.accepted
+    assert job(env, "job-a")["state"] == "RUNNING" and job(env, "job-a")["tpus"] == 8
+    assert usage(env) == {"workspaces": 1, "gpus": 1, "tpus": 8, "snapshot_bytes": 0}
+
+    # the team's 8 chips are taken: the next one is refused, nothing is charged
+    d = handler.handle(submitted("job-b"), env.deps, "on_job_submitted")
+    assert d is not None and not d.accepted
+    doc = job(env, "job-b")
+    assert doc["state"] == "REFUSED" and "8/8 TPU chips" in doc["message"]
+    assert usage(env)["tpus"] == 8
+
+    # a redelivered submission has one effect (the ledger)
+    assert handler.handle(submitted("job-a"), env.deps, "on_job_submitted") is None
+    assert usage(env)["tpus"] == 8
+
+    d = handler.handle(finished("job-a", succeeded=False), env.deps, "on_job_finished")
+    assert d is not None and d.accepted
+    doc = job(env, "job-a")
+    assert doc["state"] == "FAILED" and doc["failed_host"] == 3
+    assert usage(env)["tpus"] == 0
+    assert handler.handle(finished("job-a", succeeded=False), env.deps,
+                          "on_job_finished") is None
+    assert usage(env)["tpus"] == 0
+    # over the allowance on its own, even with every chip free: 2 hosts x 8 chips > 8
+    d = handler.handle(submitted("job-c", hosts=2), env.deps, "on_job_submitted")
+    assert d is not None and not d.accepted and "needs 16" in d.message
+    assert usage(env)["tpus"] == 0
+    audit = [a.to_dict() for a in env.db.collection("audit").stream()]
+    assert {(a["target"], a["outcome"].split(":")[0]) for a in audit} >= {
+        ("job-a", "accepted"), ("job-b", "refused")}
+
+
+def test_concurrent_submissions_never_exceed_the_quota(env: Any) -> None:
+    """Two stores (two function instances: no shared lock) race for the last 8 chips."""
+    stores = [FirestoreJobStore(firestore.Client(project=env.db.project)) for _ in range(2)]
+    results: list[Any] = []
+
+    def go(i: int) -> None:
+        deps = SimpleNamespace(jobs=stores[i], catalog=lambda: CATALOG, clock=lambda: NOW)
+        ev = submitted(f"job-r{i}")
+        # a different team lock per thread: only the Firestore transaction arbitrates
+        results.append(handler.handle(ev, deps, f"on_job_submitted_{i}"))
+
+    import functions.adapters.job_store as module
+
+    real = module._team_lock
+    module._team_lock = lambda team: threading.Lock()  # type: ignore[assignment]
+    try:
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        module._team_lock = real  # type: ignore[assignment]
+    assert sorted(r.accepted for r in results) == [False, True]
+    assert usage(env)["tpus"] == 8
+
+
+def test_the_notebook_api_is_admitted_refused_and_releases(env: Any) -> None:
+    """``stasis.jobs.submit`` with a control plane: job.submitted is decided by the
+    handler (delivered in-process, as the push subscription would), the job runs only
+    once admitted, and job.finished gives the chips back."""
+    pytest.importorskip("torch")
+    import stasis.jobs
+    from stasis.control_plane import EventControlPlane
+
+    def deliver(event: Any) -> None:
+        consumer = "on_job_submitted" if event.name == "job.submitted" else "on_job_finished"
+        handler.handle(event, env.deps, consumer)
+
+    cp = EventControlPlane(deliver, lambda i: job(env, i), team="ml-a", owner="alice",
+                           workspace_id="ml-a--nb")
+    with pytest.raises(stasis.jobs.JobRefused, match="needs 16"):
+        stasis.jobs.submit(lambda: 1, profile="tpu-v5e-8", hosts=2, job_id="job-big",
+                           control_plane=cp)
+    assert job(env, "job-big")["state"] == "REFUSED"
+
+    def square(x: int) -> int:
+        print("squaring", x)
+        return x * x
+
+    running = stasis.jobs.submit(square, 7, profile="tpu-v5e-8", hosts=1, job_id="job-sq",
+                                 control_plane=cp)
+    assert usage(env)["tpus"] == 8  # held while it runs
+    assert running.result(timeout=60) == 49
+    assert "[host 0] squaring 7" in list(running.logs())
+    # the end is reported before result() returns
+    assert job(env, "job-sq")["state"] == "SUCCEEDED"
+    assert usage(env)["tpus"] == 0

@@ -1,0 +1,577 @@
+"""Agent sandboxes for real: git working copies, the trampoline's isolation and limits, the
+monitor's watchdog, fake-gcs-server for patches and logs, and (for admission) the Firestore
+emulator with the handler, the node agent's endpoints on a real HTTP server, and
+sandbox.finished fed back to the handler as Pub/Sub push would.
+
+Every test ends with no sandbox process left (checked with psutil).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from flask import Flask
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import firestore, storage
+from werkzeug.serving import make_server
+
+from events import Event, SandboxRequested, new_event
+from functions.adapters.firestore_store import FirestoreStore
+from functions.adapters.sandbox_runtime import LocalSandboxRuntime
+from functions.adapters.sandbox_store import FirestoreSandboxStore
+from functions.domain.catalog import Catalog
+from functions.handlers import sandboxes as handler
+from functions.handlers.deps import Deps
+from functions.handlers.sandbox_ports import SandboxDeps
+from runtime.local.publisher import RecordingPublisher
+from runtime.local.sandboxes import (
+    UID_BASE,
+    UID_COUNT,
+    SandboxRunner,
+    candidate_roots,
+    register_sandboxes,
+)
+from runtime.local.servers import free_port
+from runtime.local.settings import AgentSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRETS = {
+    "GOOGLE_APPLICATION_CREDENTIALS": "/very/secret/adc.json",
+    "SLACK_BOT_TOKEN": "xoxb-very-secret-token",
+    "STASIS_SLACK_SIGNING_SECRET": "very-secret-signing",
+    "AWS_SECRET_ACCESS_KEY": "very-secret-aws-key",
+    "SSH_AUTH_SOCK": "/tmp/very-secret-ssh-agent.sock",
+    "GITHUB_TOKEN": "ghp_verysecret",
+}
+LIMITS = {"cpu_seconds": 60, "memory_bytes": 1 << 30, "wall_clock_seconds": 60, "processes": 128}
+
+CALC_BUG = "def add(a, b):\n    return a - b\n"
+TEST_CALC = ("import unittest\n\nfrom calc import add\n\n\n"
+             "class AddTest(unittest.TestCase):\n"
+             "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
+FIX = "python3 -m unittest -q && exit 3; sed -i 's/a - b/a + b/' calc.py && python3 -m unittest"
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def unittest_passes(repo: Path) -> bool:
+    return subprocess.run(["python3", "-m", "unittest", "-q"], cwd=repo, capture_output=True,
+                          check=False).returncode == 0
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository whose one test fails: add() subtracts."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "calc.py").write_text(CALC_BUG)
+    (path / "test_calc.py").write_text(TEST_CALC)
+    (path / ".gitignore").write_text("__pycache__/\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "add() with a bug")
+    assert not unittest_passes(path)
+    return path
+
+
+@dataclass
+class Env:
+    project: str
+    bucket: str
+    gcs: storage.Client
+    environ: dict[str, str]
+
+    def read(self, uri: str) -> bytes:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        data: bytes = self.gcs.bucket(bucket).blob(name).download_as_bytes()
+        return data
+
+
+@pytest.fixture
+def env(emulator_env: dict[str, str], gcs_emulator: Any) -> Env:
+    project = emulator_env["STASIS_PROJECT"]
+    gcs = storage.Client(project=project, credentials=AnonymousCredentials(),
+                         client_options={"api_endpoint": gcs_emulator.url})
+    bucket = emulator_env["STASIS_SNAPSHOT_BUCKET"]
+    gcs.create_bucket(bucket)
+    import os
+
+    return Env(project, bucket, gcs, {**os.environ, **SECRETS})
+
+
+def sandbox_processes(root: Path) -> list[psutil.Process]:
+    """Live processes of sandboxes: their users' (200000+), or running in their dirs."""
+    found = []
+    for proc in psutil.process_iter(["uids", "cwd", "cmdline"]):
+        try:
+            uid = proc.info["uids"].real
+            cwd = proc.info["cwd"] or ""
+            if (UID_BASE <= uid < UID_BASE + UID_COUNT or cwd.startswith(str(root))) and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, AttributeError):
+            continue
+    return found
+
+
+@pytest.fixture
+def runner(env: Env, tmp_path: Path) -> Iterator[SandboxRunner]:
+    # Under /tmp (traversable), not tmp_path (0700): sandboxes may run as users of their own.
+    root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
+    run = SandboxRunner(AgentSettings(data_dir=tmp_path / "data", project=env.project),
+                        RecordingPublisher(), root=root, environ=env.environ)
+    try:
+        yield run
+    finally:
+        run.wait_idle(60)
+        deadline = time.monotonic() + 10
+        while (left := sandbox_processes(root)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(root, ignore_errors=True)
+        assert left == [], f"sandbox processes left: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+_ids = iter(range(10**6))
+
+
+def run(runner: SandboxRunner, env: Env, repo: Path, command: str, *,
+        limits: dict[str, int] | None = None, allowed: list[str] | None = None,
+        sandbox_id: str | None = None, timeout: float = 90) -> Any:
+    """Start one sandbox and wait for its sandbox.finished payload."""
+    sandbox_id = sandbox_id or f"sbx-test-{next(_ids)}"
+    runner.start(sandbox_id, {
+        "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo), "base_ref": "main",
+        "command": command, "limits": {**LIMITS, **(limits or {})},
+        "allowed_network": allowed or [], "requestid": f"req-{sandbox_id}",
+        "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    return publisher.wait_for("sandbox.finished", timeout=timeout,
+                              sandbox_id=sandbox_id).payload
+
+
+# -- a task returns a patch ------------------------------------------------------------------
+
+
+def test_a_task_that_fixes_the_failing_test_returns_a_patch_that_makes_it_pass(
+        runner: SandboxRunner, env: Env, repo: Path, tmp_path: Path) -> None:
+    result = run(runner, env, repo, FIX)
+    assert result.succeeded and result.termination == "exited" and result.exit_status == 0
+    assert result.files_changed == ["calc.py"]
+    assert result.base_sha == git(repo, "rev-parse", "main").strip()
+    assert result.patch_uri == f"gs://{env.bucket}/sandboxes/ml-a/{result.sandbox_id}/patch.diff"
+    log = env.read(result.log_uri).decode()
+    # The test failed before the fix and passed after it, in the sandbox.
+    assert log.index("FAILED (failures=1)") < log.rindex("\nOK\n")
+
+    # Never applied on its own: the source repository is untouched.
+    assert (repo / "calc.py").read_text() == CALC_BUG and git(repo, "status", "--short") == ""
+    review = tmp_path / "review"
+    subprocess.run(["git", "clone", "-q", str(repo), str(review)], check=True)
+    assert not unittest_passes(review)
+    patch = tmp_path / "fix.patch"
+    patch.write_bytes(env.read(result.patch_uri))
+    git(review, "apply", "--binary", str(patch))
+    assert unittest_passes(review)
+
+
+def test_new_and_deleted_and_binary_files_are_in_the_patch(
+        runner: SandboxRunner, env: Env, repo: Path, tmp_path: Path) -> None:
+    command = ("printf '\\000\\001\\002' > blob.bin && echo hi > notes/new.txt || "
+               "(mkdir notes && echo hi > notes/new.txt && printf '\\000\\001' > blob.bin) "
+               "&& git rm -q test_calc.py")
+    result = run(runner, env, repo, command)
+    assert result.succeeded, result.error
+    assert sorted(result.files_changed) == ["blob.bin", "notes/new.txt", "test_calc.py"]
+    review = tmp_path / "review"
+    subprocess.run(["git", "clone", "-q", str(repo), str(review)], check=True)
+    patch = tmp_path / "p.patch"
+    patch.write_bytes(env.read(result.patch_uri))
+    git(review, "apply", "--binary", str(patch))
+    assert (review / "blob.bin").read_bytes() == b"\x00\x01"
+    assert (review / "notes" / "new.txt").read_text() == "hi\n"
+    assert not (review / "test_calc.py").exists()
+
+
+def test_a_bad_base_ref_fails_to_start_with_the_reason(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-badref"
+    runner.start(sandbox_id, {
+        "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo),
+        "base_ref": "no-such-branch", "command": "true", "limits": LIMITS,
+        "allowed_network": [], "requestid": "r", "bucket": env.bucket,
+        "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    result = publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id, timeout=60).payload
+    assert result.termination == "failed_to_start" and not result.succeeded
+    assert "no-such-branch" in result.error and result.patch_uri is None
+    assert "could not start" in env.read(result.log_uri).decode()
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def test_a_task_over_its_memory_is_stopped_with_the_reason(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    # Three processes of ~60 MiB each: every one is under the per-process limit, the
+    # sandbox's total is not; the watchdog kills all of them.
+    hog = "python3 -c \"import time; x = b'x' * (60 << 20); time.sleep(60)\""
+    result = run(runner, env, repo, f"{hog} & {hog} & {hog} & wait",
+                 limits={"memory_bytes": 128 << 20})
+    assert result.termination == "memory_limit_exceeded" and not result.succeeded
+    assert result.peak_memory_bytes > 128 << 20
+    assert "memory limit of 134217728 bytes exceeded" in result.error
+    # One process asking for more than the limit at once: its allocation fails.
+    single = run(runner, env, repo, "python3 -c \"x = b'x' * (512 << 20)\"",
+                 limits={"memory_bytes": 128 << 20})
+    assert single.termination == "memory_limit_exceeded", single.error
+
+
+def test_a_task_over_its_wall_clock_is_stopped_with_everything_it_started(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    began = time.monotonic()
+    # A daemon that leaves the process group must not survive its sandbox either.
+    result = run(runner, env, repo, "setsid sleep 300 & echo started > started.txt; sleep 300",
+                 limits={"wall_clock_seconds": 2})
+    assert time.monotonic() - began < 20
+    assert result.termination == "wall_clock_exceeded" and not result.succeeded
+    assert "wall clock limit of 2 s exceeded" in result.error
+    assert result.files_changed == ["started.txt"], "a partial patch is still returned"
+
+
+def test_a_task_over_its_cpu_time_is_stopped_with_the_reason(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    result = run(runner, env, repo, "python3 -c 'while True: pass'",
+                 limits={"cpu_seconds": 1})
+    assert result.termination == "cpu_time_exceeded", result.error
+    assert result.cpu_seconds >= 0.9
+
+
+# -- what a sandbox can see and reach ---------------------------------------------------------
+
+
+def test_the_sandbox_environment_holds_no_credentials_of_the_host(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    # The markers are spelled so that the command line in the log's header does not hold
+    # them; the output does. PPID is the monitor (the agent's environment).
+    command = ("echo ENV''-BEGIN; env; echo ENV''-END; (tr '\\0' '\\n' < /proc/$PPID/environ) "
+               "2>&1; (tr '\\0' '\\n' < /proc/1/environ) 2>&1; true")
+    result = run(runner, env, repo, command)
+    assert result.succeeded, result.error
+    log = env.read(result.log_uri).decode()
+    seen = log.split("ENV-BEGIN\n")[1].split("ENV-END\n")[0]
+    for name, value in SECRETS.items():
+        assert value not in log, f"{name}'s value reached the sandbox"
+        assert f"{name}=" not in seen, f"{name} is set in the sandbox"
+    for name in ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "STORAGE_EMULATOR_HOST",
+                 "GOOGLE_CLOUD_PROJECT", "PYTHONPATH", "VIRTUAL_ENV"):
+        assert f"\n{name}=" not in seen
+    assert f"HOME={runner.root / result.sandbox_id / 'home'}" in seen
+
+
+@pytest.fixture
+def loopback_server() -> Iterator[SimpleNamespace]:
+    """A TCP server on the host's loopback, outside any sandbox; counts connections."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    state = SimpleNamespace(port=server.getsockname()[1], accepted=0, stop=False)
+
+    def serve() -> None:
+        while not state.stop:
+            with contextlib.suppress(OSError):
+                conn, _ = server.accept()
+                state.accepted += 1
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield state
+    state.stop = True
+    thread.join(5)
+    server.close()
+
+
+def test_without_allowed_network_the_host_loopback_is_out_of_reach(
+        runner: SandboxRunner, env: Env, repo: Path, loopback_server: SimpleNamespace) -> None:
+    if not runner.isolation.network:
+        pytest.skip(f"network isolation is not enforced on this host: "
+                    f"{runner.isolation.detail}")
+    connect = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+               f"{loopback_server.port}), timeout=3); print('CONNECTED')\"")
+    isolated = run(runner, env, repo, connect)
+    assert not isolated.succeeded and loopback_server.accepted == 0
+    assert "\nCONNECTED\n" not in env.read(isolated.log_uri).decode()
+    assert "ConnectionRefusedError" in env.read(isolated.log_uri).decode()
+    assert isolated.network.startswith("none: a network namespace with loopback only")
+    # The control: with the network allowed, the same connect reaches the server.
+    opened = run(runner, env, repo, connect, allowed=["127.0.0.1"])
+    assert opened.succeeded and loopback_server.accepted == 1
+    assert "does not filter by destination" in opened.network
+
+
+def test_when_isolation_is_not_enforced_the_result_says_so(
+        env: Env, repo: Path, tmp_path: Path) -> None:
+    from runtime.local.sandboxes import Isolation
+
+    root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
+    try:
+        runner = SandboxRunner(
+            AgentSettings(data_dir=tmp_path / "d", project=env.project), RecordingPublisher(),
+            root=root, environ=env.environ,
+            isolation=Isolation(False, False, "unshare: Operation not permitted"))
+        result = run(runner, env, repo, "true")
+        assert result.succeeded
+        assert result.network.startswith("NOT ENFORCED on this host (unshare: Operation not "
+                                         "permitted)")
+        runner.wait_idle(30)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- parallel --------------------------------------------------------------------------------
+
+
+def test_five_sandboxes_in_parallel_all_return_their_patches(
+        runner: SandboxRunner, env: Env, repo: Path, tmp_path: Path) -> None:
+    began = time.monotonic()
+    ids = [f"sbx-par-{i}" for i in range(5)]
+    for i, sandbox_id in enumerate(ids):
+        runner.start(sandbox_id, {
+            "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo),
+            "base_ref": "main", "command": f"sleep 1; echo {i} > out-{i}.txt",
+            "limits": LIMITS, "allowed_network": [], "requestid": f"r-{sandbox_id}",
+            "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    results = [publisher.wait_for("sandbox.finished", sandbox_id=s, timeout=120).payload
+               for s in ids]
+    elapsed = time.monotonic() - began
+    for i, result in enumerate(results):
+        assert result.succeeded, result.error
+        assert result.files_changed == [f"out-{i}.txt"]
+        assert f"+{i}\n" in env.read(result.patch_uri).decode()
+    # They ran side by side: five 1-second tasks in well under five sequential runs.
+    sequential = sum(r.duration_ms for r in results) / 1000
+    print(f"5 sandboxes in parallel: {elapsed:.1f}s wall, {sequential:.1f}s summed")
+    assert elapsed < sequential
+
+
+def test_a_cancelled_sandbox_is_killed_and_still_returns_its_patch(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-cancel"
+    runner.start(sandbox_id, {
+        "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo), "base_ref": "main",
+        "command": "echo half > half.txt; sleep 300", "limits": LIMITS, "allowed_network": [],
+        "requestid": "r", "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+    deadline = time.monotonic() + 30
+    while not (runner.root / sandbox_id / "work" / "half.txt").exists():
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.1)
+    assert runner.status(sandbox_id)["state"] == "running"
+    assert runner.cancel(sandbox_id)["cancelled"] is True
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    result = publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id, timeout=30).payload
+    assert result.termination == "cancelled" and result.files_changed == ["half.txt"]
+    runner.wait_idle(30)
+    assert runner.status(sandbox_id)["state"] == "reported"
+    assert runner.cancel(sandbox_id)["cancelled"] is False
+
+
+def test_a_restarted_runner_reports_what_finished_while_it_was_away(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-away"
+    run(runner, env, repo, "echo x > x.txt", sandbox_id=sandbox_id)
+    (runner.root / sandbox_id / "reported").unlink()  # as if the agent died before reporting
+    later = SandboxRunner(runner.settings, RecordingPublisher(), root=runner.root,
+                          environ=env.environ, isolation=runner.isolation)
+    again = later.publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id,  # type: ignore[attr-defined]
+                                     timeout=30).payload
+    assert again.succeeded and again.files_changed == ["x.txt"]
+    later.wait_idle(30)
+
+
+# -- admission: the concurrency cap, through the handler -------------------------------------
+
+
+@dataclass
+class ControlPlane:
+    deps: Deps
+    db: firestore.Client
+    runner: SandboxRunner
+    errors: list[BaseException]
+
+    def request(self, sandbox_id: str, command: str, **fields: Any) -> Event[Any]:
+        event = new_event(SandboxRequested(
+            sandbox_id=sandbox_id, team="ml-a", requester="alice",
+            repository=fields.pop("repository"), command=command, base_ref="main", **fields),
+            source="//test")
+        handler.handle(event, self.deps, "on_sandbox_requested")
+        return event
+
+    def doc(self, sandbox_id: str) -> dict[str, Any]:
+        return self.db.collection("sandboxes").document(sandbox_id).get().to_dict() or {}
+
+    def wait(self, sandbox_ids: list[str], timeout: float = 120) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            docs = [self.doc(s) for s in sandbox_ids]
+            if all(d.get("state") in ("SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED")
+                   for d in docs):
+                return docs
+            assert not self.errors, self.errors
+            time.sleep(0.2)
+        raise AssertionError(f"not all ended: {[(d.get('id'), d.get('state')) for d in docs]}")
+
+
+class _PushPublisher(RecordingPublisher):
+    """The agent's publisher: delivers sandbox.finished to the handler on a thread of its
+    own, as a Pub/Sub push subscription would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deps: Deps | None = None
+        self.errors: list[BaseException] = []
+
+    def publish(self, event: Event[Any]) -> str:
+        super().publish(event)
+
+        def deliver() -> None:
+            try:
+                assert self.deps is not None
+                handler.handle(event, self.deps, "on_sandbox_finished")
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        threading.Thread(target=deliver, daemon=True).start()
+        return event.id
+
+
+@pytest.fixture
+def control_plane(env: Env, tmp_path: Path) -> Iterator[ControlPlane]:
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    db = firestore.Client(project=env.project)
+    db.collection("catalog").document("current").set(
+        {**config, "sandboxes": {"concurrency": 2, "defaults": {"wall_clock_seconds": 60}}})
+    publisher = _PushPublisher()
+    root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
+    settings = AgentSettings(data_dir=tmp_path / "data", project=env.project, port=free_port())
+    runner = SandboxRunner(settings, publisher, root=root, environ=env.environ)
+    app = Flask("agent")
+    register_sandboxes(app, settings, publisher)
+    app.config["sandboxes"] = lambda: runner
+    server = make_server("127.0.0.1", settings.port, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    catalog = Catalog.from_config(config)
+    deps = Deps(store=FirestoreStore(db), bus=publisher, runtime=None,  # type: ignore[arg-type]
+                snapshots=None, catalog=lambda: catalog,  # type: ignore[arg-type]
+                clock=lambda: datetime.now(UTC), snapshot_bucket=env.bucket,
+                dead_letters=None,  # type: ignore[arg-type]
+                sandboxes=SandboxDeps(FirestoreSandboxStore(db),
+                                      LocalSandboxRuntime(settings.url)))
+    publisher.deps = deps
+    try:
+        yield ControlPlane(deps, db, runner, publisher.errors)
+    finally:
+        runner.wait_idle(60)
+        server.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+        for other in candidate_roots(settings):  # the app must have used ``runner`` alone
+            assert not other.exists(), f"a second runner ran sandboxes in {other}"
+
+
+def test_the_concurrency_cap_queues_extra_requests_and_runs_them_later(
+        control_plane: ControlPlane, repo: Path) -> None:
+    ids = [f"sbx-cap-{i}" for i in range(4)]
+    for i, sandbox_id in enumerate(ids):
+        control_plane.request(sandbox_id, f"sleep 3; echo {i} > cap-{i}.txt",
+                              repository=str(repo))
+    docs = [control_plane.doc(s) for s in ids]
+    assert [d["state"] for d in docs] == ["RUNNING", "RUNNING", "QUEUED", "QUEUED"]
+    assert [d["queue_position"] for d in docs] == [None, None, 1, 2]
+    assert "position 2 of 2" in docs[3]["message"]
+    queue = control_plane.db.collection("sandbox_queues").document("ml-a").get().to_dict()
+    assert (queue["running"], queue["queued"]) == (ids[:2], ids[2:])
+
+    ended = control_plane.wait(ids)
+    assert [d["state"] for d in ended] == ["SUCCEEDED"] * 4, [d["message"] for d in ended]
+    assert all(d["patch_uri"] and d["files_changed"] == [f"cap-{i}.txt"]
+               for i, d in enumerate(ended))
+    # Never more than two at once, and the queued ones ran after slots were freed.
+    spans = [(d["started_at"], d["finished_at"]) for d in ended]
+    for moment, _ in spans:
+        assert sum(1 for s, f in spans if s <= moment < f) <= 2
+    assert min(s for s, _ in spans[2:]) >= min(f for _, f in spans[:2])
+    assert all(d["reason"] == "succeeded" and "stasis sandbox show" in d["message"]
+               for d in ended)
+    assert ended[2]["version"] == 3  # QUEUED, RUNNING (promoted), SUCCEEDED
+    queue = control_plane.db.collection("sandbox_queues").document("ml-a").get().to_dict()
+    assert (queue["running"], queue["queued"]) == ([], [])
+    audit = [a.to_dict() for a in control_plane.db.collection("audit").stream()]
+    assert sorted(a["action"] for a in audit) == ["sandbox.finished"] * 4 + \
+        ["sandbox.requested"] * 4
+
+
+def test_a_refused_request_is_recorded_with_what_to_do(
+        control_plane: ControlPlane, repo: Path) -> None:
+    control_plane.request("sbx-net", "true", repository=str(repo),
+                          allowed_network=["pypi.org"])
+    control_plane.request("sbx-big", "true", repository=str(repo), limits={"memory": "64Gi"})
+    net, big = control_plane.doc("sbx-net"), control_plane.doc("sbx-big")
+    assert (net["state"], net["reason"]) == ("FAILED", "network_not_permitted")
+    assert "ask alice" in net["message"]
+    assert (big["state"], big["reason"]) == ("FAILED", "limit_above_maximum")
+    assert "memory 64Gi > 8Gi" in big["message"]
+    assert control_plane.runner.list() == []  # nothing was started
+
+
+def test_a_sandbox_the_runtime_refuses_frees_its_slot(
+        control_plane: ControlPlane, tmp_path: Path) -> None:
+    # The path does not exist on the node: the monitor reports failed_to_start.
+    control_plane.request("sbx-nope", "true", repository=str(tmp_path / "missing"))
+    [doc] = control_plane.wait(["sbx-nope"], timeout=60)
+    assert (doc["state"], doc["reason"]) == ("FAILED", "failed_to_start")
+    assert "is not a directory on this host" in doc["message"]
+    queue = control_plane.db.collection("sandbox_queues").document("ml-a").get().to_dict()
+    assert queue["running"] == []
+
+
+def test_the_trampoline_isolates_a_normal_user_in_a_user_namespace(
+        loopback_server: SimpleNamespace) -> None:
+    """An agent that is not root: the network namespace comes with a user namespace."""
+    import os
+
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if os.geteuid() != 0 or setpriv is None or not Path(python).exists():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another user")
+    exec_path = ROOT / "runtime" / "local" / "sandbox_exec.py"
+    as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I",
+                 str(exec_path)]
+    probe = subprocess.run([*as_nobody, "--probe", "--port", str(loopback_server.port)],
+                           capture_output=True, text=True, timeout=30, check=False)
+    report = __import__("json").loads(probe.stdout)
+    if not report.get("network"):
+        pytest.skip(f"user namespaces are not available here: {report.get('why')}")
+    assert report["uid"] == 65534 and loopback_server.accepted == 0
+    ran = subprocess.run([*as_nobody, "--cwd", "/", "--", "/bin/sh", "-c",
+                          "cat /proc/self/uid_map"], capture_output=True, text=True, timeout=30,
+                         check=False)
+    assert ran.returncode == 0 and ran.stdout.split() == ["65534", "65534", "1"]

@@ -1,0 +1,317 @@
+"""The /ws command against fakes: identity, team isolation, the lifecycle preview, the event
+it publishes; the bolt app in front of it (signatures, retries, any text gets a reply)."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from typing import Any
+
+import pytest
+from chat_fakes import CATALOG, NOW, FakeBus, FakeStore, chat_deps, workspace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events import WorkspaceDeleteRequested, WorkspacePauseRequested, WorkspaceRequested
+from functions.adapters.slack import ChatFunction, SlackSettings
+from functions.chatops import signing
+from functions.chatops.ports import ChatDeps, SlashRequest
+from functions.chatops.replies import ReplyTarget
+from functions.chatops.service import answer
+from functions.domain.lifecycle import State
+
+URL = "https://hooks.slack.com/commands/T0/1/abc"
+
+
+def ask(deps: ChatDeps, text: str, user: str = "U0ALICE", *, retry: bool = False,
+        requestid: str = "slack-r1") -> str:
+    reply = answer(SlashRequest(text=text, user=user, requestid=requestid, team="T0",
+                                channel="C0", response_url=URL, retry=retry), deps)
+    assert reply["response_type"] == "ephemeral"
+    assert f"`{requestid}`" in reply["text"]  # every ack names the request
+    return str(reply["text"])
+
+
+def published(deps: ChatDeps) -> list[Any]:
+    return deps.bus.published  # type: ignore[attr-defined, no-any-return]
+
+
+# -- identity and isolation ----------------------------------------------------------------
+
+def test_an_unknown_slack_user_is_told_whom_to_ask() -> None:
+    deps = chat_deps()
+    text = ask(deps, "create mynb", user="U0NOBODY")
+    assert "I don't know you yet" in text and "`slack_user_id: U0NOBODY`" in text
+    assert "alice, or #ml-a-infra on Slack (team ml-a)" in text and "carol (team ml-b)" in text
+    assert published(deps) == []
+
+
+def test_help_needs_no_identity() -> None:
+    assert "`/ws <command>`" in ask(chat_deps(), "help", user="U0NOBODY")
+    assert "`/ws pause NAME" in ask(chat_deps(), "pause --help", user="U0NOBODY")
+
+
+def test_a_member_of_another_team_cannot_see_or_act() -> None:
+    deps = chat_deps(workspace("mynb"))
+    for text in ("status mynb --team ml-a", "pause mynb --team ml-a", "list --team ml-a"):
+        reply = ask(deps, text, user="U0CAROL")
+        assert "You are not a member of team ml-a" in reply and "ask alice" in reply
+    # Without --team, names resolve in carol's own team: ml-a's workspace does not exist there.
+    assert "There is no workspace mynb in team ml-b" in ask(deps, "pause mynb", user="U0CAROL")
+    assert "no workspaces" in ask(deps, "list", user="U0CAROL")
+    assert published(deps) == []
+
+
+def test_an_unknown_team_gets_a_suggestion() -> None:
+    assert "There is no team ml-c. Did you mean ml-a?" in ask(chat_deps(), "list --team ml-c")
+
+
+def test_only_the_owner_or_a_team_admin_changes_a_workspace() -> None:
+    deps = chat_deps(workspace("alices", owner="alice"), workspace("bobs", owner="bob"))
+    refused = ask(deps, "pause alices", user="U0BOB")
+    assert "alices belongs to alice; only they or an admin of team ml-a (alice, dev)" in refused
+    assert "Pausing bobs" in ask(deps, "pause bobs", user="U0BOB")
+    assert "Pausing bobs" in ask(deps, "pause bobs", user="U0ALICE", requestid="slack-r2")
+    assert [e.payload.actor for e in published(deps)] == ["bob", "alice"]
+    assert "mynb" not in ask(deps, "status alices", user="U0BOB")  # members may look
+
+
+# -- changes: preview, record, event -----------------------------------------------------------
+
+def test_create_publishes_the_request_with_where_to_reply() -> None:
+    deps = chat_deps()
+    text = ask(deps, "create mynb --profile cpu-large --env python-3-10")
+    assert "Creating mynb for team ml-a: cpu-large, jupyterlab, python-3-10" in text
+    assert "Note: python-3-10 is deprecated" in text
+    [event] = published(deps)
+    assert event.payload == WorkspaceRequested(
+        team="ml-a", owner="alice", name="mynb", profile="cpu-large", ide="jupyterlab",
+        environment="python-3-10", reply_to=event.payload.reply_to)
+    assert (event.id, event.requestid, event.source) == ("slack-r1", "slack-r1", "//stasis/chat")
+    assert ReplyTarget.decode(event.payload.reply_to) == ReplyTarget("U0ALICE", "C0", "T0", URL,
+                                                                     NOW)
+    record = deps.records.recall("slack-r1")
+    assert record is not None and record["response_url"] == URL
+    assert (record["user"], record["workspace_id"], record["response_url_uses"]) == (
+        "alice", "ml-a--mynb", 0)
+
+
+def test_create_without_a_profile_takes_the_teams_first_and_says_so() -> None:
+    deps = chat_deps()
+    assert "cpu-small (the team's default; `--profile` picks another)" in ask(deps, "create nb")
+    assert published(deps)[0].payload.profile == "cpu-small"
+
+
+@pytest.mark.parametrize(("text", "user", "says"), [
+    ("create mynb --profile cpu-smal", "U0ALICE", "There is no profile cpu-smal. Did you mean "
+                                                  "cpu-small or gpu-small?"),
+    ("create mynb --profile tpu-v5e-8", "U0CAROL", "Profile tpu-v5e-8 is not available to team "
+                                                   "ml-b; ask carol"),
+    ("create mynb --env python-3-12", "U0ALICE", "There is no environment python-3-12"),
+    ("create mynb --env legacy-tf1", "U0ALICE", "no longer offered"),
+    ("create mynb --ide emacs", "U0ALICE", "There is no IDE emacs"),
+    ("resume mynb --profile gpu-huge", "U0ALICE", "There is no profile gpu-huge"),
+])
+def test_catalog_refusals_are_answered_at_once(text: str, user: str, says: str) -> None:
+    deps = chat_deps(workspace("mynb", state=State.PAUSED, current_snapshot="s1"))
+    assert says in ask(deps, text, user=user)
+    assert published(deps) == []
+
+
+@pytest.mark.parametrize(("text", "state", "says"), [
+    ("create mynb", State.RUNNING, "Nothing done: mynb is RUNNING: workspace mynb already "
+                                   "exists (RUNNING); pick another name."),
+    ("pause mynb", State.PAUSED, "Nothing done: mynb is PAUSED: already paused."),
+    ("pause mynb", State.PROVISIONING, "cannot pause while PROVISIONING; wait until RUNNING"),
+    ("resume mynb", State.RUNNING, "Nothing done: mynb is RUNNING: already running."),
+    ("delete mynb", State.DELETED, "There is no workspace mynb in team ml-a"),
+    ("status mynb", State.DELETED, "There is no workspace mynb in team ml-a"),
+])
+def test_the_lifecycle_preview_answers_what_would_be_refused(text: str, state: State,
+                                                              says: str) -> None:
+    deps = chat_deps(workspace("mynb", state=state))
+    assert says in ask(deps, text)
+    assert published(deps) == []
+
+
+@pytest.mark.parametrize(("text", "usage", "says"), [
+    ("create big --profile gpu-small", {"gpus": 1},
+     "Nothing done: team ml-b uses 1/1 GPUs: pause or delete one, see `/ws list`."),
+    ("create big --profile cpu-small", {"workspaces": 4},
+     "Nothing done: team ml-b has 4/4 workspaces (paused ones count too)"),
+    ("resume paused", {"gpus": 1, "workspaces": 2}, "team ml-b uses 1/1 GPUs"),
+])
+def test_what_the_quota_will_refuse_is_answered_at_once(text: str, usage: dict[str, int],
+                                                        says: str) -> None:
+    deps = chat_deps(workspace("paused", team="ml-b", owner="carol", state=State.PAUSED,
+                               current_snapshot="s1", profile_="gpu-small"))
+    deps.reads.docs[("teams", "ml-b")] = {"usage": usage}  # type: ignore[attr-defined]
+    assert says in ask(deps, text, user="U0CAROL")
+    assert published(deps) == []
+    deps.reads.docs[("teams", "ml-b")] = {"usage": {}}  # type: ignore[attr-defined]
+    assert "Nothing done" not in ask(deps, text, user="U0CAROL")
+    assert len(published(deps)) == 1
+
+
+def test_a_typo_in_a_workspace_name_gets_a_suggestion() -> None:
+    deps = chat_deps(workspace("llm-finetune"))
+    assert "Did you mean llm-finetune?" in ask(deps, "pause llm-finetun")
+
+
+def test_pause_and_delete_publish_their_events() -> None:
+    deps = chat_deps(workspace("mynb"))
+    assert "Pausing mynb" in ask(deps, "pause mynb")
+    assert "Its home directory is kept" in ask(deps, "delete mynb --keep-home",
+                                               requestid="slack-r2")
+    assert [e.payload for e in published(deps)] == [
+        WorkspacePauseRequested(workspace_id="ml-a--mynb", actor="alice"),
+        WorkspaceDeleteRequested(workspace_id="ml-a--mynb", actor="alice", keep_home=True)]
+
+
+def test_a_slack_retry_is_published_again_with_the_same_ids_for_the_ledger() -> None:
+    deps = chat_deps()
+    first = ask(deps, "create mynb")
+    # The first attempt's effect is visible by the time the retry comes: no preview then.
+    deps.reads.workspaces["ml-a--mynb"] = workspace("mynb",  # type: ignore[attr-defined]
+                                                    state=State.PROVISIONING)
+    again = ask(deps, "create mynb", retry=True)
+    assert first == again
+    a, b = published(deps)
+    assert (a.id, a.requestid, a.payload) == (b.id, b.requestid, b.payload)
+    assert len(deps.records.records) == 1  # type: ignore[attr-defined]
+
+
+def test_a_failed_publish_says_nothing_was_changed() -> None:
+    deps = chat_deps(bus=FakeBus(fail=True))
+    assert "I could not queue that (ConnectionError); nothing was changed" in ask(deps,
+                                                                                  "create nb")
+
+
+def test_an_internal_error_still_gets_an_answer() -> None:
+    deps = chat_deps()
+
+    def broken() -> Any:
+        raise RuntimeError("firestore down")
+
+    deps.catalog = broken
+    assert "Something went wrong on our side (RuntimeError)" in ask(deps, "list")
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+def test_list_status_snapshots_catalog_quota() -> None:
+    ws = workspace("mynb", state=State.PAUSED, current_snapshot="ml-a--mynb-v4",
+                   last_pause_ms=3400)
+    deps = chat_deps(ws, workspace("other", team="ml-b", owner="carol"))
+    store: FakeStore = deps.reads  # type: ignore[assignment]
+    store.docs[("snapshots", "ml-a--mynb-v4")] = {"workspace": "ml-a--mynb", "bytes": 2**30,
+                                                  "status": "ready", "duration_ms": 3000}
+    store.docs[("teams", "ml-a")] = {"usage": {"workspaces": 1, "gpus": 0, "tpus": 0,
+                                               "snapshot_bytes": 2**30}}
+    listing = ask(deps, "list")
+    assert "`mynb`  PAUSED  cpu-small  (alice)" in listing and "other" not in listing
+    status = ask(deps, "status mynb")
+    assert "*PAUSED*" in status and "last pause 3.4 s" in status and "(1 GiB)" in status
+    assert "`ml-a--mynb-v4`  ready  1 GiB  in 3 s" in ask(deps, "snapshots mynb")
+    catalog = ask(deps, "catalog")
+    assert "`gpu-small`  One NVIDIA L4 (4 CPUs, 16 GiB, Spot), 1 x nvidia-l4, $0.70/h" in catalog
+    assert "`python-3-9`" not in catalog  # hidden environments are not offered
+    assert "`tpu-v5e-8`" not in ask(deps, "catalog", user="U0CAROL")
+    quota = ask(deps, "quota")
+    assert "workspaces 1/10" in quota and "snapshots 1 GiB/50 GiB" in quota
+    assert "not available on this deployment yet" in ask(deps, "link mynb")
+
+
+# -- the bolt app in front -------------------------------------------------------------------
+
+SECRET = "test-signing-secret"
+
+
+def _app(deps: ChatDeps | None = None) -> tuple[ChatFunction, ChatDeps]:
+    deps = deps or chat_deps()
+    return ChatFunction(SlackSettings(SECRET, "xoxb-test", "http://127.0.0.1:9/api/"),
+                        lambda req: answer(req, deps)), deps
+
+
+def _body(text: str, user: str = "U0ALICE", trigger: str = "1.2.abc") -> str:
+    return urllib.parse.urlencode({"command": "/ws", "text": text, "user_id": user,
+                                   "team_id": "T0", "channel_id": "C0", "response_url": URL,
+                                   "trigger_id": trigger})
+
+
+def _headers(body: str, *, ts: int | None = None, secret: str = SECRET,
+             retry: int | None = None) -> dict[str, str]:
+    headers = signing.signed_headers(secret, ts or int(time.time()), body)
+    if retry is not None:
+        headers[signing.RETRY_HEADER] = str(retry)
+    return headers
+
+
+def test_a_signed_command_is_acked_with_its_request_id() -> None:
+    app, deps = _app()
+    body = _body("create mynb --profile cpu-small")
+    response = app.dispatch(body, _headers(body))
+    assert response.status == 200
+    requestid = signing.request_id("1.2.abc", body)
+    assert f"`{requestid}`" in response.body and "Creating mynb" in response.body
+    assert published(deps)[0].requestid == requestid
+
+
+@pytest.mark.parametrize("forgery", ["wrong secret", "stale", "tampered", "unsigned"])
+def test_forged_or_stale_requests_get_401_and_do_nothing(forgery: str) -> None:
+    app, deps = _app()
+    body = _body("create mynb")
+    headers = _headers(body)
+    if forgery == "wrong secret":
+        headers = _headers(body, secret="guess")
+    elif forgery == "stale":
+        headers = _headers(body, ts=int(time.time()) - 5 * 60 - 1)
+    elif forgery == "tampered":
+        body = _body("delete mynb")
+    else:
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert app.dispatch(body, headers).status == 401
+    assert published(deps) == []
+
+
+def test_a_retry_header_marks_the_request_as_a_retry_with_the_same_id() -> None:
+    app, deps = _app()
+    body = _body("create mynb")
+    assert app.dispatch(body, _headers(body)).status == 200
+    assert app.dispatch(body, _headers(body, retry=1)).status == 200
+    first, second = published(deps)
+    assert first.requestid == second.requestid and first.id == second.id
+
+
+def test_without_a_signing_secret_the_function_refuses_to_exist() -> None:
+    from functions.adapters.slack import ChatNotConfigured
+
+    with pytest.raises(ChatNotConfigured):
+        ChatFunction(SlackSettings(None, None), lambda req: {})
+
+
+_APP, _DEPS = _app(chat_deps(workspace("mynb"), workspace("paused", state=State.PAUSED,
+                                                          current_snapshot="s1")))
+_WORDS = st.sampled_from(["create", "pause", "resume", "delete", "list", "status", "help",
+                          "--profile", "--team", "--keep-home", "--help", "mynb", "paused",
+                          "cpu-small", "ml-b", "—profile", "-h", "=", "--", "ML-A", "<@U1>"])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(st.text(max_size=200),
+                 st.lists(_WORDS, max_size=8).map(" ".join),
+                 st.lists(st.one_of(_WORDS, st.text(max_size=12)), max_size=6).map(" ".join)),
+       st.sampled_from(["U0ALICE", "U0BOB", "U0CAROL", "U0NOBODY"]))
+def test_any_command_text_gets_a_reply_and_never_a_crash(text: str, user: str) -> None:
+    body = _body(text, user=user, trigger=f"{time.time_ns()}")
+    response = _APP.dispatch(body, _headers(body))
+    assert response.status == 200, response.body
+    import json
+
+    reply = json.loads(response.body)
+    assert reply["text"].strip() and "_request `slack-" in reply["text"]
+    assert "Something went wrong" not in reply["text"]
+
+
+def test_the_catalog_in_these_tests_is_the_example() -> None:
+    assert CATALOG.user_for_slack("U0ALICE") == "alice"

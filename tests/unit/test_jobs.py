@@ -1,0 +1,221 @@
+"""Scale-out jobs, the pure part: state machine, demand = accelerators x hosts, admission
+against the team's quota, release on finish, and the JobSet builder validated against the
+JobSet CRD (transcribed) and the Kubernetes schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from functions.domain import jobset as js
+from functions.domain.catalog import Accelerator, Catalog, RefusalReason
+from functions.domain.jobs import (
+    IllegalTransition,
+    Job,
+    JobState,
+    Request,
+    demand_of,
+    finish,
+    move,
+    submit,
+)
+from functions.domain.quota import Usage
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
+CRD = json.loads((ROOT / "tests/data/crds/jobset.json").read_text())
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+TPU = CATALOG.profiles["tpu-v5e-8"]  # 8 chips a host
+ML_A = CATALOG.teams["ml-a"]  # 8 TPU chips, 4 GPUs
+#: A multi-host v5e shape: 4 chips a host (ct5lp-hightpu-4t), 4 hosts = a 4x4 slice.
+V5E_4 = replace(TPU, id="tpu-v5e-4", accelerator=Accelerator("tpu-v5-lite-podslice", 4, "2x2"),
+                node_selector={})
+
+
+def request(profile: str = "tpu-v5e-8", hosts: int = 1, job_id: str = "job-1") -> Request:
+    return Request(job_id, "ml-a", "alice", profile, hosts)
+
+
+def run(req: Request, usage: Usage | None = None, team: str = "ml-a") -> Any:
+    usage = usage or Usage()
+    t = CATALOG.teams[team]
+    return submit(req, existing=None, profile=CATALOG.profiles.get(req.profile),
+                  team_profiles=t.profiles, quotas=t.quotas, usage=usage, now=NOW,
+                  contact=t.who_to_ask)
+
+
+@pytest.mark.parametrize(("profile", "hosts", "demand"), [
+    ("cpu-small", 4, Usage()),
+    ("gpu-small", 3, Usage(gpus=3)),
+    ("tpu-v5e-8", 1, Usage(tpus=8)),
+    ("tpu-v5e-8", 4, Usage(tpus=32)),
+])
+def test_demand_is_the_profile_accelerators_times_hosts(profile: str, hosts: int,
+                                                        demand: Usage) -> None:
+    assert demand_of(CATALOG.profiles[profile], hosts) == demand
+
+
+@pytest.mark.parametrize("hosts", [0, -1, True, 1025])
+def test_hosts_must_be_sensible(hosts: Any) -> None:
+    with pytest.raises(ValueError, match="hosts"):
+        demand_of(TPU, hosts)
+
+
+def test_state_machine() -> None:
+    assert move(JobState.SUBMITTED, JobState.RUNNING) == JobState.RUNNING
+    assert move(JobState.RUNNING, JobState.FAILED) == JobState.FAILED
+    for bad in ((JobState.SUCCEEDED, JobState.RUNNING), (JobState.REFUSED, JobState.RUNNING),
+                (JobState.SUBMITTED, JobState.SUCCEEDED)):
+        with pytest.raises(IllegalTransition):
+            move(*bad)
+
+
+def test_admitted_job_runs_and_adds_its_accelerators() -> None:
+    d = run(request(), Usage(workspaces=2, gpus=1))
+    assert d.accepted and d.job.state == JobState.RUNNING and d.job.tpus == 8
+    assert d.usage == Usage(workspaces=2, gpus=1, tpus=8)  # no workspace slot taken
+
+
+def test_a_job_over_the_team_allowance_is_refused_with_what_to_do() -> None:
+    d = run(request(hosts=2))  # 16 chips > 8
+    assert not d.accepted and d.job.state == JobState.REFUSED and d.usage is None
+    assert d.reason == str(RefusalReason.TPU_QUOTA_EXCEEDED)
+    assert "uses 0/8 TPU chips and this workspace needs 16" in d.message
+    d = run(request(), Usage(tpus=4))
+    assert not d.accepted and "4/8 TPU chips" in d.message
+
+
+def test_no_quota_at_all_and_profiles_the_team_may_not_use() -> None:
+    t = CATALOG.teams["ml-b"]
+    d = submit(Request("job-2", "ml-b", "carol", "tpu-v5e-8", 1), existing=None,
+               profile=TPU, team_profiles=None, quotas=t.quotas, usage=Usage(), now=NOW,
+               contact=t.who_to_ask)
+    assert not d.accepted and "no TPU quota" in d.message and "carol" in d.message
+    d = run(Request("job-3", "ml-b", "carol", "tpu-v5e-8", 1), team="ml-b")
+    assert d.reason == "profile_not_allowed"
+    assert run(request(profile="nope")).reason == "unknown_profile"
+
+
+def test_a_duplicate_submission_changes_nothing() -> None:
+    first = run(request()).job
+    d = submit(request(), existing=first, profile=TPU, team_profiles=None,
+               quotas=ML_A.quotas, usage=Usage(tpus=8), now=NOW)
+    assert d.job is None and d.usage is None and d.reason == "duplicate"
+
+
+def test_finish_releases_once_and_records_how_it_ended() -> None:
+    job = run(request()).job
+    later = NOW + timedelta(seconds=90)
+    d = finish(job, job_id=job.id, succeeded=False, termination="host_failed", exit_status=1,
+               failed_host=2, error="host 2 exited with status 1", log_uri="file:///l",
+               usage=Usage(tpus=8, gpus=1), now=later)
+    assert d.job.state == JobState.FAILED and d.job.failed_host == 2
+    assert d.usage == Usage(gpus=1) and d.job.duration_ms == 90_000
+    again = finish(d.job, job_id=job.id, succeeded=True, termination="exited", exit_status=0,
+                   failed_host=None, error=None, log_uri=None, usage=Usage(), now=later)
+    assert again.job is None and again.usage is None  # nothing released twice
+    assert finish(None, job_id="x", succeeded=True, termination="exited", exit_status=0,
+                  failed_host=None, error=None, log_uri=None, usage=Usage(),
+                  now=NOW).reason == "unknown_job"
+    cancelled = finish(job, job_id=job.id, succeeded=False, termination="cancelled",
+                       exit_status=None, failed_host=None, error=None, log_uri=None,
+                       usage=Usage(tpus=8), now=later)
+    assert cancelled.job.state == JobState.CANCELLED
+
+
+def test_job_document_round_trip() -> None:
+    job = run(request()).job
+    assert Job.from_doc(json.loads(json.dumps(job.to_doc(), default=str)) | {
+        "submitted_at": NOW, "started_at": NOW, "finished_at": None}) == job
+
+
+# --- the JobSet -----------------------------------------------------------------------------
+
+
+def _strict(schema: Any) -> Any:
+    """As the API server prunes: an unknown field is refused, not silently dropped."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node \
+                    and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+def spec(hosts: int = 4, profile: Any = V5E_4, topology: str | None = "4x4") -> js.JobSpec:
+    return js.JobSpec(job_id="job-20261201-a1b2c3", team="ml-a", namespace="team-ml-a",
+                      image="us-docker.pkg.dev/p/stasis/jobs:1",
+                      command=("python", "-m", "runtime.local.jobs"), profile=profile,
+                      hosts=hosts, topology=topology, env={"STASIS_TEAM": "ml-a"})
+
+
+@pytest.mark.parametrize(("hosts", "profile", "topology"), [
+    (4, V5E_4, "4x4"), (1, TPU, None), (2, V5E_4, "2x4"),
+])
+def test_jobset_validates_against_the_crd_and_kubernetes(hosts: int, profile: Any,
+                                                         topology: str | None) -> None:
+    s = spec(hosts, profile, topology)
+    obj = js.jobset(s)
+    jsonschema.validate(obj, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+    rj = obj["spec"]["replicatedJobs"]  # type: ignore[index]
+    assert len(rj) == 1 and rj[0]["replicas"] == 1
+    job = rj[0]["template"]
+    # the inlined batch/v1 JobSpec, strictly, as a Job
+    kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job",
+                                  "metadata": {"name": "x", **job["metadata"]},
+                                  "spec": job["spec"]}, "1.35", strict=True)
+    kubernetes_validate.validate(js.coordinator_service(s), "1.35", strict=True)
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == hosts
+    assert job["spec"]["completionMode"] == "Indexed"
+    pod = job["spec"]["template"]["spec"]
+    chips = str(profile.accelerator.count)
+    assert pod["nodeSelector"] == {js.TPU_ACCELERATOR: "tpu-v5-lite-podslice",
+                                   js.TPU_TOPOLOGY: topology or "2x4"}
+    assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": chips}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["TPU_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == js.COMPLETION_INDEX
+    assert env["JAX_NUM_PROCESSES"]["value"] == str(hosts)
+    names = env["TPU_WORKER_HOSTNAMES"]["value"].split(",")
+    assert names[0] == "job-20261201-a1b2c3-workers-0-0.job-20261201-a1b2c3"
+    assert len(names) == hosts
+    assert env["JAX_COORDINATOR_ADDRESS"]["value"] == f"{names[0]}:8476"
+    svc = js.coordinator_service(s)
+    assert svc["spec"]["clusterIP"] == "None"  # type: ignore[index]
+    assert obj["spec"]["network"]["subdomain"] == svc["metadata"]["name"]  # type: ignore
+    assert obj["spec"]["ttlSecondsAfterFinished"] == 600  # type: ignore[index]
+
+
+def test_the_crd_refuses_what_it_does_not_know() -> None:
+    obj = js.jobset(spec())
+    obj["spec"]["replicatedJobs"][0]["bogus"] = 1  # type: ignore[index]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+
+
+@pytest.mark.parametrize(("hosts", "profile", "topology", "match"), [
+    (4, V5E_4, "2x4", "has 8 chips"),
+    (4, V5E_4, None, "name the slice topology"),
+    (2, CATALOG.profiles["gpu-small"], "2x2", "no TPU"),
+])
+def test_a_slice_that_does_not_add_up_is_refused(hosts: int, profile: Any,
+                                                 topology: str | None, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        js.jobset(spec(hosts, profile, topology))

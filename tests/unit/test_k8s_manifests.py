@@ -1,0 +1,442 @@
+"""The Kubernetes builders (``functions/domain/manifests.py``): every object they produce is
+valid for the Kubernetes API (the OpenAPI schema of a recent release, strict: an unknown
+field fails) or for the transcribed Pod Snapshot CRDs, and says what Stasis means."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import kubernetes_validate.utils
+import pytest
+import yaml
+
+from functions.domain import admission
+from functions.domain import manifests as m
+from functions.domain.catalog import Catalog, Quotas
+from functions.domain.slugs import is_dns1035, is_label
+
+K8S_VERSION = "1.35"  # GKE's regular channel as of this writing; shipped by kubernetes-validate
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = json.loads((ROOT / "tests/data/crds/podsnapshot.gke.io.json").read_text())
+CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
+SUBJECT = {"kind": "User", "name": "fn@example-project.iam.gserviceaccount.com",
+           "apiGroup": "rbac.authorization.k8s.io"}
+
+
+DEFAULTS = m.ClusterSettings()
+
+
+def shape(profile: str = "cpu-small", *, ide: str = "jupyterlab", workspace: str = "ml-a--nb",
+          settings: m.ClusterSettings = DEFAULTS) -> m.WorkspaceShape:
+    """The shape the adapter builds: the spec's mappings plus the catalog's disk and IDE."""
+    entry, disk = CATALOG.ides[ide], CATALOG.profiles[profile].disk
+    return m.shape_of(workspace_id=workspace, team=m.team_of(workspace), owner="alice", ide=ide,
+                      environment=admission.environment_of(CATALOG, "python-3-11"),
+                      profile=admission.profile_of(CATALOG, profile), settings=settings,
+                      ide_kind=str(entry.kind), ide_image=entry.image,
+                      disk={"size": disk.size, "storage_class": disk.storage_class})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _schemas_read_once() -> Iterator[None]:
+    """kubernetes-validate parses its (large) schema files on every call; read them once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents", functools.cache(
+            kubernetes_validate.utils.schema_contents))
+        yield
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD schema as the API server prunes it: unknown fields would vanish silently, so
+    the test refuses them (``additionalProperties: false`` wherever none is declared)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node \
+                    and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def validate(obj: dict[str, Any]) -> None:
+    """Kubernetes objects against the OpenAPI schema, CRD objects against their CRD."""
+    if obj["apiVersion"] == m.PODSNAPSHOT_API:
+        crd = CRDS["kinds"][obj["kind"]]
+        jsonschema.validate(obj, _strict(crd["openAPIV3Schema"]),
+                            format_checker=jsonschema.FormatChecker())
+        namespaced = "namespace" in obj["metadata"]
+        assert namespaced == (crd["scope"] == "Namespaced"), obj["kind"]
+    else:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    meta = obj["metadata"]
+    assert is_label(meta["name"]) if obj["kind"] != "Service" else is_dns1035(meta["name"])
+    for key, value in (meta.get("labels") or {}).items():
+        assert len(value) <= 63 and (not value or value[0].isalnum()), (key, value)
+
+
+def every_object() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every builder, for every profile of the example catalog, IDE and method."""
+    kernel_only = m.ClusterSettings(pod_snapshots=False)
+    yield "namespace", m.team_namespace("ml-a")
+    yield "service account", m.team_service_account(
+        "ml-a", gcp_service_account="ws@example-project.iam.gserviceaccount.com")
+    yield "quota", m.resource_quota("ml-a", CATALOG.teams["ml-a"].quotas)
+    yield "role binding", m.team_role_binding("ml-a", SUBJECT)
+    yield "storage config", m.snapshot_storage_config("ml-a", "stasis-snapshots",
+                                                      team_prefix="snapshots/ml-a")
+    yield "policy", m.snapshot_policy("ml-a", m.ClusterSettings(pod_snapshot_retention="30d"))
+    yield "storage class", m.encrypted_storage_class(
+        "standard-rwo-cmek", "projects/p/locations/us/keyRings/stasis/cryptoKeys/homes")
+    for i, obj in enumerate([*m.control_plane_rbac(SUBJECT),
+                             *m.monitor_manifests(project="example-project",
+                                                  gcp_service_account="mon@p.iam")]):
+        yield f"cluster {i} {obj['kind']}", obj
+    for profile in CATALOG.profiles:
+        for ide in CATALOG.ides:
+            for settings in (m.ClusterSettings(), kernel_only):
+                s = shape(profile, ide=ide, settings=settings)
+                label = f"{profile}/{ide}/{s.method}"
+                yield f"{label} pvc", m.home_pvc(s, settings)
+                yield f"{label} secret", m.token_secret(s, "t0k3n", settings)
+                yield f"{label} pod", m.workspace_pod(s, settings, requestid="r1",
+                                                      requested_at_ms=1)
+                restore = m.Restore("snap-1", s.method, ps_name="ps-123", bucket="b",
+                                    prefix="snapshots/ml-a/ml-a--nb/snap-1")
+                yield f"{label} restored pod", m.workspace_pod(
+                    s, settings, requestid="r2", requested_at_ms=2, restore=restore)
+                yield f"{label} service", m.workspace_service(s, settings)
+                yield f"{label} network policy", m.network_policy(s, settings)
+                yield f"{label} trigger", m.manual_trigger(s, "snap-1", requestid="r3",
+                                                           requested_at_ms=3,
+                                                           settings=settings)
+                yield f"{label} record", m.snapshot_record(s, "snap-1", requested_at_ms=3,
+                                                           settings=settings)
+
+
+OBJECTS = list(every_object())
+
+
+@pytest.mark.parametrize(("what", "obj"), OBJECTS, ids=[what for what, _ in OBJECTS])
+def test_every_object_is_valid(what: str, obj: dict[str, Any]) -> None:
+    validate(obj)
+
+
+def test_validation_is_strict_an_unknown_field_fails() -> None:
+    pod = m.workspace_pod(shape(), requestid="r", requested_at_ms=1)
+    pod["spec"]["containers"][0]["resource"] = {}  # a typo of "resources"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(pod)
+    trigger = m.manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1)
+    trigger["spec"]["target_pod"] = "x"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(trigger)
+
+
+def test_the_crd_transcription_accepts_what_gke_reports() -> None:
+    """Status written by GKE's controller (as the monitor reads it) fits the schema."""
+    status = {"conditions": [{"type": "Triggered", "status": "True", "reason": "Complete",
+                              "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+              "snapshotCreated": {"name": "0f9c"}}
+    trigger = {**m.manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1),
+               "status": status}
+    validate(trigger)
+    snapshot = {"apiVersion": m.PODSNAPSHOT_API, "kind": "PodSnapshot",
+                "metadata": {"name": "0f9c", "namespace": "stasis-ml-a"},
+                "spec": {"policyName": m.POLICY_NAME},
+                "status": {"conditions": [{"type": "Ready", "status": "True",
+                                           "reason": "AllSnapshotsAvailable", "message": "",
+                                           "lastTransitionTime": "2026-01-01T00:00:09Z"}],
+                           "storageStatus": {"gcs": {"observedGCSPath":
+                                                     "gs://b/snapshots/ml-a/pod/0f9c"}}}}
+    validate(snapshot)
+
+
+# -- what the objects say --------------------------------------------------------------------
+
+
+def test_gpu_pod_on_gke_with_pod_snapshots() -> None:
+    s = shape("gpu-small")
+    pod = m.workspace_pod(s, requestid="req-1", requested_at_ms=1700)
+    spec = pod["spec"]
+    assert s.method == "pod"
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    workspace = spec["containers"][0]
+    assert workspace["image"] == "us-docker.pkg.dev/example-project/stasis/python:3.11"
+    assert workspace["resources"] == {
+        "requests": {"cpu": "4000m", "memory": "16Gi"},
+        "limits": {"cpu": "4000m", "memory": "16Gi", "nvidia.com/gpu": "1"}}
+    assert workspace["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]},
+                                            "runAsNonRoot": True}
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4",
+                                    "cloud.google.com/gke-spot": "true"}
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists",
+            "effect": "NoSchedule"} in spec["tolerations"]
+    assert "affinity" not in spec  # Spot: no anti-Spot affinity
+    assert "initContainers" not in spec  # no kernel agent install: GKE snapshots the pod
+    assert [c["name"] for c in spec["containers"]] == ["workspace", "snapshot-agent"]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[m.ANN_ACCELERATOR] == "nvidia-l4"
+    assert annotations[m.ANN_ACCELERATOR_COUNT] == "1"
+    assert pod["metadata"]["labels"][m.LABEL_METHOD] == "pod"
+    # The token is never in the spec, only referenced.
+    assert "t0k3n" not in json.dumps(pod)
+    env = {e["name"]: e for e in workspace["env"]}
+    assert env["JUPYTER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert env["PYTHONUSERBASE"]["value"].startswith(m.HOME)
+
+
+def test_tpu_on_demand_with_a_reservation() -> None:
+    spec = m.workspace_pod(shape("tpu-v5e-8"), requestid="r", requested_at_ms=1)["spec"]
+    assert spec["containers"][0]["resources"]["requests"]["google.com/tpu"] == "8"
+    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "8"
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "2x4",
+        "cloud.google.com/reservation-affinity": "specific",
+        "cloud.google.com/reservation-name": "tpu-v5e-research"}
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "cloud.google.com/gke-spot", "operator": "DoesNotExist"}]}]}
+    assert "runtimeClassName" not in spec  # method kernel
+
+
+def test_kernel_method_runs_the_agent_with_the_kernels_connection_files() -> None:
+    s = shape("cpu-small")
+    spec = m.workspace_pod(s, requestid="r", requested_at_ms=1)["spec"]
+    assert s.method == "kernel" and "runtimeClassName" not in spec
+    workspace, agent = spec["containers"]
+    assert agent["image"] == m.ClusterSettings().agent_image
+    assert agent["command"] == ["python", "-m", "runtime.kubernetes.sidecar"]
+    assert {"name": "jupyter-runtime", "mountPath": m.RUNTIME_DIR} in agent["volumeMounts"]
+    assert {"name": "jupyter-runtime", "mountPath": m.RUNTIME_DIR} in workspace["volumeMounts"]
+    assert {"name": "stasis-lib", "mountPath": "/opt/stasis", "readOnly": True} \
+        in workspace["volumeMounts"]
+    assert spec["initContainers"][0]["command"][-2:] == ["install", "/stasis-lib"]
+
+
+def test_a_pod_profile_falls_back_to_the_kernel_agent_without_pod_snapshots() -> None:
+    s = shape("gpu-small", settings=m.ClusterSettings(pod_snapshots=False))
+    assert s.method == "kernel"
+    spec = m.workspace_pod(s, m.ClusterSettings(pod_snapshots=False), requestid="r",
+                           requested_at_ms=1)["spec"]
+    assert "runtimeClassName" not in spec
+
+
+def test_vscode_runs_code_server_from_the_ides_image() -> None:
+    workspace = m.workspace_pod(shape(ide="vscode"), requestid="r",
+                                requested_at_ms=1)["spec"]["containers"][0]
+    assert workspace["image"] == "us-docker.pkg.dev/example-project/stasis/code-server:4.96.2"
+    assert workspace["command"] == ["code-server"]
+    assert any(e["name"] == "PASSWORD" for e in workspace["env"])
+
+
+def test_restore_recreates_the_identical_pod_pinned_to_the_snapshot() -> None:
+    s = shape("gpu-small")
+    first = m.workspace_pod(s, requestid="r1", requested_at_ms=1)
+    again = m.workspace_pod(s, requestid="r2", requested_at_ms=2,
+                            restore=m.Restore("snap-1", "pod", ps_name="0f9c"))
+    assert again["spec"] == first["spec"]
+    assert again["metadata"]["name"] == first["metadata"]["name"]
+    assert again["metadata"]["annotations"][m.PS_NAME_ANNOTATION] == "0f9c"
+    assert m.PS_NAME_ANNOTATION not in first["metadata"]["annotations"]
+    with pytest.raises(ValueError):
+        m.workspace_pod(s, requestid="r", requested_at_ms=1, restore=m.Restore("s", "pod"))
+
+
+def test_kernel_restore_is_asked_for_on_the_pod() -> None:
+    pod = m.workspace_pod(shape(), requestid="r2", requested_at_ms=2,
+                          restore=m.Restore("snap-1", "kernel", bucket="b", prefix="p/snap-1"))
+    assert m.json_annotation(pod, m.ANN_RESTORE_REQUEST) == {
+        "snapshot_id": "snap-1", "bucket": "b", "prefix": "p/snap-1", "requestid": "r2"}
+
+
+def test_home_pvc_uses_the_profiles_storage_class_or_the_encrypted_default() -> None:
+    assert m.home_pvc(shape("gpu-small"))["spec"] == {
+        "accessModes": ["ReadWriteOnce"], "storageClassName": "premium-rwo-cmek",
+        "resources": {"requests": {"storage": "50Gi"}}}
+    bare = m.shape_of(workspace_id="ml-a--x", team="ml-a", owner="a", ide="jupyterlab",
+                      environment={"id": "e", "image": "img"}, profile={"id": "p", "cpu": 1})
+    assert bare.storage_class == "standard-rwo-cmek" and bare.home_size == "10Gi"
+    storage_class = m.encrypted_storage_class("standard-rwo-cmek", "projects/p/k")
+    assert storage_class["parameters"]["disk-encryption-kms-key"] == "projects/p/k"
+
+
+def test_quota_comes_from_the_teams_catalog_quota() -> None:
+    quota = m.resource_quota("ml-b", Quotas(workspaces=4, gpus=1, tpus=0, snapshot_bytes=1))
+    assert quota["metadata"]["namespace"] == "stasis-ml-b"
+    assert quota["spec"]["hard"] == {"pods": "4", "persistentvolumeclaims": "4",
+                                     "requests.nvidia.com/gpu": "1",
+                                     "requests.google.com/tpu": "0"}
+
+
+def test_pod_snapshot_objects_point_at_the_teams_bucket_prefix() -> None:
+    config = m.snapshot_storage_config("ml-a", "stasis-snapshots", team_prefix="snapshots/ml-a")
+    assert "namespace" not in config["metadata"]  # cluster-scoped
+    assert config["spec"] == {"snapshotStorageConfig": {"gcs": {
+        "bucket": "stasis-snapshots", "path": "snapshots/ml-a/pod"}}}
+    policy = m.snapshot_policy("ml-a")
+    assert policy["spec"] == {"storageConfigName": config["metadata"]["name"],
+                              "selector": {"matchLabels": {m.MANAGED_BY: m.STASIS,
+                                                           m.LABEL_METHOD: "pod"}},
+                              "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}
+    s = shape("gpu-small")
+    trigger = m.manual_trigger(s, "snap-1", requestid="r", requested_at_ms=5)
+    assert trigger["spec"] == {"targetPod": m.workspace_names("ml-a", "ml-a--nb").pod}
+    # The policy selects the pods it must snapshot.
+    labels = m.workspace_pod(s, requestid="r", requested_at_ms=1)["metadata"]["labels"]
+    assert policy["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_network_policy_lets_only_the_system_namespace_in() -> None:
+    spec = m.network_policy(shape())["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    ide, agent = spec["ingress"]
+    assert ide["ports"] == [{"protocol": "TCP", "port": 8888}]
+    assert agent["from"][0]["podSelector"] == {"matchLabels": {
+        "app.kubernetes.io/name": "stasis-monitor"}}
+
+
+def test_rbac_is_verb_minimal_and_has_no_wildcards() -> None:
+    objects = [*m.control_plane_rbac(SUBJECT), *m.monitor_manifests(project="p")]
+    rules = [r for o in objects for r in o.get("rules", [])]
+    assert rules
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert "*" not in rule["apiGroups"]
+    monitor_role = next(o for o in objects if o["kind"] == "ClusterRole"
+                        and o["metadata"]["name"] == "stasis-monitor")
+    assert {v for r in monitor_role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    bind = next(r for r in rules if "bind" in r["verbs"])
+    assert bind["resourceNames"] == [m.WORKSPACE_MANAGER_ROLE]
+    binding = m.team_role_binding("ml-a", SUBJECT)
+    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == "stasis-ml-a"
+
+
+def test_monitor_deployment() -> None:
+    deployment = m.monitor_manifests(project="example-project")[-1]
+    assert deployment["kind"] == "Deployment"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "runtime.kubernetes.monitor"]
+    assert {"name": "STASIS_PROJECT", "value": "example-project"} in container["env"]
+
+
+def test_namespaces_enforce_restricted_pod_security() -> None:
+    labels = m.team_namespace("ml-a")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+# -- resume only onto the same kind ------------------------------------------------------
+
+
+L4 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=1)
+L4x2 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=2)
+A100 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-tesla-a100",
+                  accelerator_count=1)
+TPU = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="tpu-v5-lite-podslice",
+                 accelerator_count=8, topology="2x4")
+CPU = m.Hardware(cpu_millis=1000, memory="2Gi")
+POD_L4 = m.SnapshotHardware("pod", "nvidia-l4", 1)
+KERNEL_L4 = m.SnapshotHardware("kernel", "nvidia-l4", 1)
+KERNEL_TPU = m.SnapshotHardware("kernel", "tpu-v5-lite-podslice", 8)
+KERNEL_CPU = m.SnapshotHardware("kernel")
+
+
+@pytest.mark.parametrize(("snapshot", "target", "method", "refused"), [
+    (POD_L4, L4, "pod", None),
+    (POD_L4, L4x2, "pod", "1 x nvidia-l4"),  # a Pod Snapshot holds exactly this memory
+    (POD_L4, A100, "pod", "has 1 x nvidia-tesla-a100"),
+    (POD_L4, CPU, "pod", "has no accelerator"),
+    (POD_L4, L4, "kernel", "does not use Pod Snapshots"),
+    (m.SnapshotHardware("pod"), CPU, "pod", None),
+    (m.SnapshotHardware("pod"), L4, "pod", "has 1 x nvidia-l4"),
+    (KERNEL_L4, L4, "kernel", None),
+    (KERNEL_L4, A100, "kernel", None),  # another GPU type: the same kind
+    (KERNEL_L4, L4x2, "pod", None),
+    (KERNEL_L4, CPU, "kernel", "GPU"),
+    (KERNEL_L4, TPU, "kernel", "GPU"),
+    (KERNEL_TPU, L4, "kernel", "TPU"),
+    (KERNEL_TPU, TPU, "kernel", None),
+    (KERNEL_CPU, L4, "kernel", None),
+    (KERNEL_CPU, CPU, "kernel", None),
+])
+def test_resume_only_targets_the_same_kind(snapshot: m.SnapshotHardware, target: m.Hardware,
+                                           method: str, refused: str | None) -> None:
+    refusal = m.restore_refusal(snapshot, target, method)
+    if refused is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and refused in refusal
+
+
+def test_a_gpu_snapshot_records_accelerator_type_and_count() -> None:
+    record = m.snapshot_record(shape("gpu-small"), "snap-1", requested_at_ms=9)
+    assert record["data"]["accelerator"] == "nvidia-l4"
+    assert record["data"]["accelerator_count"] == "1"
+    assert m.hardware_of_record(record["data"]) == POD_L4
+    assert m.hardware_of_record(m.snapshot_record(shape(), "s", requested_at_ms=1)["data"]) \
+        == KERNEL_CPU
+
+
+# -- reading what the cluster reports ------------------------------------------------------
+
+
+def _cond(kind: str, status: str, reason: str, message: str = "") -> dict[str, str]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:05Z"}
+
+
+def test_trigger_outcomes() -> None:
+    assert m.trigger_outcome({}).state == "pending"
+    done = {"status": {"conditions": [_cond("Triggered", "True", "Complete")],
+                       "snapshotCreated": {"name": "ps-1"}}}
+    assert m.trigger_outcome(done) == m.Outcome("succeeded", name="ps-1",
+                                                finished_at="2026-01-01T00:00:05Z")
+    failed = {"status": {"conditions": [_cond("Triggered", "False", "Failed", "no gVisor")]}}
+    assert m.trigger_outcome(failed).state == "failed"
+    assert m.trigger_outcome(failed).message == "no gVisor"
+
+
+def test_podsnapshot_outcomes() -> None:
+    ready = {"metadata": {"name": "ps-1"}, "status": {
+        "conditions": [_cond("Ready", "True", "AllSnapshotsAvailable")],
+        "storageStatus": {"gcs": {"observedGCSPath": "gs://b/p/ps-1"}}}}
+    assert m.podsnapshot_outcome(ready).state == "succeeded"
+    assert m.podsnapshot_outcome(ready).uri == "gs://b/p/ps-1"
+    broken = {"status": {"conditions": [_cond("StorageReplicated", "False", "Failed", "403")]}}
+    assert m.podsnapshot_outcome(broken).state == "failed"
+    assert m.podsnapshot_outcome({"status": {}}).state == "pending"
+
+
+def test_pod_failures_and_readiness() -> None:
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert m.pod_ready(ready)
+    assert not m.pod_ready({**ready, "metadata": {"deletionTimestamp": "x"}})
+    pulling = {"status": {"containerStatuses": [
+        {"name": "workspace", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                    "message": "not found"}}}]}}
+    assert m.pod_failure(pulling) == "container workspace cannot start: ImagePullBackOff: " \
+                                     "not found"
+    creating = {"status": {"containerStatuses": [
+        {"name": "workspace", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    assert m.pod_failure(creating) is None

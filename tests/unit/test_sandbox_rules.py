@@ -1,0 +1,588 @@
+"""Agent sandboxes, the pure parts: policy, limits, network rules, admission and completion
+tables, the Kubernetes manifests, and the runner's decisions that need no process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from functions.domain import sandbox_manifests as sm
+from functions.domain.catalog import Catalog
+from functions.domain.sandboxes import (
+    DEFAULT_LIMITS,
+    DEFAULT_POLICY,
+    Limits,
+    Reason,
+    Refusal,
+    Report,
+    Request,
+    RunSpec,
+    Sandbox,
+    SandboxPolicy,
+    SandboxState,
+    TeamQueue,
+    admit,
+    destination_permitted,
+    finish,
+    outcome_of,
+    overdue,
+    policy_problems,
+    resolve_limits,
+    resolve_policy,
+)
+from runtime.local.node import BadRequest
+from runtime.local.sandbox_task import Watch, classify, exec_argv, scrubbed_env
+from runtime.local.sandboxes import Isolation, parse_run_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2025, 6, 10, 12, 0, tzinfo=UTC)
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    import yaml
+
+    return Catalog.from_config(yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text()))
+
+
+def request(sandbox_id: str = "sbx-1", *, team: str = "ml-a", requester: str = "alice",
+            limits: dict[str, Any] | None = None, network: tuple[str, ...] = ()) -> Request:
+    return Request(sandbox_id=sandbox_id, team=team, requester=requester,
+                   repository="/src/repo", command="make fix", base_ref="main",
+                   limits=limits or {}, allowed_network=network, requestid=f"r-{sandbox_id}")
+
+
+def admitted(catalog: Catalog, sandbox_id: str, queue: TeamQueue,
+             policy: SandboxPolicy = DEFAULT_POLICY) -> tuple[Sandbox, TeamQueue]:
+    decision = admit(request(sandbox_id), team=catalog.teams["ml-a"], policy=policy, queue=queue,
+                     existing=None, now=NOW)
+    assert decision.accepted and decision.queue is not None and decision.subject is not None
+    return decision.subject, decision.queue
+
+
+# -- policy and limits -----------------------------------------------------------------------
+
+
+def test_no_policy_section_means_the_defaults() -> None:
+    assert resolve_policy(None, "ml-a") == DEFAULT_POLICY
+    assert DEFAULT_POLICY.defaults == Limits(600, 2 * GiB, 900, 256)
+    assert DEFAULT_POLICY.concurrency == 2 and DEFAULT_POLICY.network == ()
+
+
+def test_team_overrides_apply_field_by_field() -> None:
+    section = {"concurrency": 3, "defaults": {"memory": "1Gi"}, "network": ["pypi.org"],
+               "teams": {"ml-b": {"concurrency": 1, "maximum": {"wall_clock_seconds": 1200},
+                                  "network": []}}}
+    a, b = resolve_policy(section, "ml-a"), resolve_policy(section, "ml-b")
+    assert isinstance(a, SandboxPolicy) and isinstance(b, SandboxPolicy)
+    assert (a.concurrency, a.defaults.memory_bytes, a.network) == (3, GiB, ("pypi.org",))
+    assert (b.concurrency, b.defaults.memory_bytes, b.network) == (1, GiB, ())
+    assert b.maximum.wall_clock_seconds == 1200 and b.maximum.cpu_seconds == 3600
+
+
+@pytest.mark.parametrize(("section", "path"), [
+    ({"concurency": 2}, "/sandboxes/concurency"),
+    ({"concurrency": 0}, "/sandboxes/concurrency"),
+    ({"defaults": {"memory": "lots"}}, "/sandboxes/defaults/memory"),
+    ({"defaults": {"gpu": 1}}, "/sandboxes/defaults/gpu"),
+    ({"network": "pypi.org"}, "/sandboxes/network"),
+    ({"teams": {"ml-a": {"teams": {}}}}, "/sandboxes/teams/ml-a/teams"),
+    ({"defaults": {"wall_clock_seconds": 7200}}, "/sandboxes"),
+])
+def test_policy_problems_name_their_path(section: dict[str, Any], path: str) -> None:
+    assert path in [p.path for p in policy_problems(section)]
+    refused = resolve_policy(section, "ml-a")
+    assert isinstance(refused, Refusal) and refused.reason == Reason.INVALID_POLICY
+
+
+def test_limits_default_from_policy_and_refuse_above_maximum() -> None:
+    assert resolve_limits({}, DEFAULT_POLICY, "ml-a") == DEFAULT_LIMITS
+    asked = resolve_limits({"memory": "512Mi", "wall_clock_seconds": 60}, DEFAULT_POLICY, "ml-a")
+    assert asked == dataclasses.replace(DEFAULT_LIMITS, memory_bytes=512 * 2**20,
+                                        wall_clock_seconds=60)
+    over = resolve_limits({"memory": "16Gi", "cpu_seconds": 99999}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(over, Refusal) and over.reason == Reason.LIMIT_ABOVE_MAXIMUM
+    assert "memory 16Gi > 8Gi" in over.message and "cpu_seconds 99999 > 3600" in over.message
+    bad = resolve_limits({"memory": "much"}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(bad, Refusal) and bad.reason == Reason.INVALID_LIMITS
+
+
+@pytest.mark.parametrize(("destination", "permitted", "ok"), [
+    ("pypi.org", ["pypi.org"], True),
+    ("PyPI.org.", ["pypi.org"], True),
+    ("files.pythonhosted.org", ["*.pythonhosted.org"], True),
+    ("pythonhosted.org", ["*.pythonhosted.org"], False),
+    ("evil-pythonhosted.org", ["*.pythonhosted.org"], False),
+    ("10.1.2.3", ["10.0.0.0/8"], True),
+    ("10.1.0.0/16", ["10.0.0.0/8"], True),
+    ("10.0.0.0/7", ["10.0.0.0/8"], False),
+    ("192.168.1.1", ["10.0.0.0/8"], False),
+    ("pypi.org", [], False),
+])
+def test_destination_rules(destination: str, permitted: list[str], ok: bool) -> None:
+    assert destination_permitted(destination, permitted) is ok
+
+
+# -- admission -------------------------------------------------------------------------------
+
+
+def test_first_requests_run_then_queue_with_positions(catalog: Catalog) -> None:
+    queue = TeamQueue()
+    first, queue = admitted(catalog, "sbx-1", queue)
+    second, queue = admitted(catalog, "sbx-2", queue)
+    third, queue = admitted(catalog, "sbx-3", queue)
+    fourth, queue = admitted(catalog, "sbx-4", queue)
+    assert [s.state for s in (first, second, third, fourth)] == [
+        SandboxState.RUNNING, SandboxState.RUNNING, SandboxState.QUEUED, SandboxState.QUEUED]
+    assert (third.queue_position, fourth.queue_position) == (1, 2)
+    assert queue == TeamQueue(("sbx-1", "sbx-2"), ("sbx-3", "sbx-4"))
+    assert first.started_at == NOW and third.started_at is None
+    assert "position 2 of 2" in fourth.message and "runs 2/2" in fourth.message
+
+
+def test_admission_says_what_to_start(catalog: Catalog) -> None:
+    decision = admit(request("sbx-1"), team=catalog.teams["ml-a"], policy=DEFAULT_POLICY,
+                     queue=TeamQueue(), existing=None, now=NOW)
+    assert decision.start == ("sbx-1",) and decision.reason == Reason.ADMITTED
+    queued = admit(request("sbx-9"), team=catalog.teams["ml-a"], policy=DEFAULT_POLICY,
+                   queue=TeamQueue(("a", "b")), existing=None, now=NOW)
+    assert queued.start == () and queued.reason == Reason.QUEUED
+    assert queued.positions == (("sbx-9", 1, queued.message),)
+
+
+def test_a_new_request_never_overtakes_the_queue(catalog: Catalog) -> None:
+    # The cap was raised: a slot is free, but sbx-w waited first.
+    policy = dataclasses.replace(DEFAULT_POLICY, concurrency=3)
+    decision = admit(request("sbx-new"), team=catalog.teams["ml-a"], policy=policy,
+                     queue=TeamQueue(("a", "b"), ("sbx-w",)), existing=None, now=NOW)
+    assert decision.queue == TeamQueue(("a", "b", "sbx-w"), ("sbx-new",))
+    assert decision.subject is not None and decision.subject.state == SandboxState.QUEUED
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"team": "nope"}, Reason.UNKNOWN_TEAM),
+    ({"requester": "mallory"}, Reason.NOT_A_MEMBER),
+    ({"limits": {"memory": "64Gi"}}, Reason.LIMIT_ABOVE_MAXIMUM),
+    ({"network": ("pypi.org",)}, Reason.NETWORK_NOT_PERMITTED),
+])
+def test_refusals_are_recorded_failed_with_the_reason(catalog: Catalog, kwargs: dict[str, Any],
+                                                      reason: Reason) -> None:
+    req = request(**kwargs)
+    decision = admit(req, team=catalog.teams.get(req.team), policy=DEFAULT_POLICY,
+                     queue=TeamQueue(), existing=None, now=NOW)
+    assert not decision.accepted and decision.reason == reason
+    record = decision.subject
+    assert record is not None and record.state == SandboxState.FAILED
+    assert record.reason == reason and record.message.startswith("refused: ")
+    assert decision.queue is None and decision.start == ()
+
+
+def test_network_refusal_says_whom_to_ask(catalog: Catalog) -> None:
+    decision = admit(request(network=("pypi.org", "evil.example")), team=catalog.teams["ml-a"],
+                     policy=dataclasses.replace(DEFAULT_POLICY, network=("pypi.org",)),
+                     queue=TeamQueue(), existing=None, now=NOW)
+    assert "evil.example" in decision.message and "pypi.org," not in decision.message
+    assert "alice" in decision.message  # ml-a's contact
+
+
+def test_a_full_queue_is_refused_loudly(catalog: Catalog) -> None:
+    policy = dataclasses.replace(DEFAULT_POLICY, max_queued=1)
+    decision = admit(request("sbx-x"), team=catalog.teams["ml-a"], policy=policy,
+                     queue=TeamQueue(("a", "b"), ("c",)), existing=None, now=NOW)
+    assert decision.reason == Reason.QUEUE_FULL and "1 sandboxes waiting" in decision.message
+
+
+def test_a_reused_id_changes_nothing(catalog: Catalog) -> None:
+    first, queue = admitted(catalog, "sbx-1", TeamQueue())
+    again = admit(request("sbx-1"), team=catalog.teams["ml-a"], policy=DEFAULT_POLICY,
+                  queue=queue, existing=first, now=NOW)
+    assert again.reason == Reason.SANDBOX_ID_IN_USE and again.sandboxes == ()
+
+
+# -- completion ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("report", "state", "reason"), [
+    (Report("s", True, exit_status=0), SandboxState.SUCCEEDED, Reason.SUCCEEDED),
+    (Report("s", False, exit_status=1), SandboxState.FAILED, Reason.EXITED_NONZERO),
+    (Report("s", False, "wall_clock_exceeded", 137), SandboxState.TIMED_OUT,
+     Reason.WALL_CLOCK_EXCEEDED),
+    (Report("s", False, "cpu_time_exceeded", 152), SandboxState.TIMED_OUT,
+     Reason.CPU_TIME_EXCEEDED),
+    (Report("s", False, "memory_limit_exceeded", 137), SandboxState.KILLED,
+     Reason.MEMORY_LIMIT_EXCEEDED),
+    (Report("s", False, "cancelled"), SandboxState.KILLED, Reason.CANCELLED),
+    (Report("s", False, "failed_to_start"), SandboxState.FAILED, Reason.FAILED_TO_START),
+    (Report("s", False, "runtime_lost"), SandboxState.FAILED, Reason.RUNTIME_LOST),
+])
+def test_outcomes(report: Report, state: SandboxState, reason: Reason) -> None:
+    assert outcome_of(report) == (state, reason)
+
+
+def test_finish_frees_the_slot_and_promotes_the_first_waiting(catalog: Catalog) -> None:
+    queue = TeamQueue()
+    records: dict[str, Sandbox] = {}
+    for sandbox_id in ("sbx-1", "sbx-2", "sbx-3", "sbx-4"):
+        records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
+    later = NOW + timedelta(seconds=30)
+    report = Report("sbx-1", True, exit_status=0, patch_uri="gs://b/p", patch_bytes=120,
+                    files_changed=("calc.py",), base_sha="abc")
+    decision = finish(records["sbx-1"], report, policy=DEFAULT_POLICY, queue=queue,
+                      load=records.get, now=later)
+    ended, promoted = decision.sandboxes
+    assert ended.state == SandboxState.SUCCEEDED and ended.version == 2
+    assert "stasis sandbox show sbx-1" in ended.message and "1 file" in ended.message
+    assert promoted.id == "sbx-3" and promoted.state == SandboxState.RUNNING
+    assert promoted.started_at == later and promoted.queue_position is None
+    assert "30 s in the queue" in promoted.message
+    assert decision.start == ("sbx-3",)
+    assert decision.queue == TeamQueue(("sbx-2", "sbx-3"), ("sbx-4",))
+    assert [(i, p) for i, p, _ in decision.positions] == [("sbx-4", 1)]
+
+
+@pytest.mark.parametrize(("state", "reason"), [
+    (SandboxState.SUCCEEDED, Reason.ALREADY_FINISHED),
+    (SandboxState.QUEUED, Reason.NOT_STARTED),
+])
+def test_stale_reports_change_nothing(catalog: Catalog, state: SandboxState,
+                                      reason: Reason) -> None:
+    record, queue = admitted(catalog, "sbx-1", TeamQueue())
+    decision = finish(dataclasses.replace(record, state=state), Report("sbx-1", True),
+                      policy=DEFAULT_POLICY, queue=queue, load=lambda _i: None, now=NOW)
+    assert decision.reason == reason and decision.sandboxes == () and decision.queue is None
+    unknown = finish(None, Report("sbx-0", True), policy=DEFAULT_POLICY, queue=queue,
+                     load=lambda _i: None, now=NOW)
+    assert unknown.reason == Reason.UNKNOWN_SANDBOX
+
+
+def test_a_broken_policy_still_frees_and_promotes(catalog: Catalog) -> None:
+    queue = TeamQueue()
+    records: dict[str, Sandbox] = {}
+    for sandbox_id in ("sbx-1", "sbx-2", "sbx-3"):
+        records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
+    decision = finish(records["sbx-2"], Report("sbx-2", False, exit_status=3),
+                      policy=Refusal(Reason.INVALID_POLICY, "broken"), queue=queue,
+                      load=records.get, now=NOW)
+    assert decision.start == ("sbx-3",)
+    assert decision.subject is not None and "exited with status 3" in decision.subject.message
+
+
+def test_records_round_trip_through_documents(catalog: Catalog) -> None:
+    record, _ = admitted(catalog, "sbx-1", TeamQueue())
+    assert Sandbox.from_doc(record.to_doc()) == record
+
+
+def test_overdue_running_sandboxes() -> None:
+    record = Sandbox(id="s", team="ml-a", requester="a", repository="r", command="c",
+                     base_ref="main", limits=dataclasses.replace(DEFAULT_LIMITS,
+                                                                 wall_clock_seconds=60),
+                     allowed_network=(), state=SandboxState.RUNNING, reason="admitted",
+                     requestid="r", requested_at=NOW, started_at=NOW)
+    assert overdue([record], NOW + timedelta(minutes=5)) == []
+    assert overdue([record], NOW + timedelta(minutes=7)) == [record]
+
+
+# -- Kubernetes manifests --------------------------------------------------------------------
+
+
+SPEC = RunSpec("sbx-20250610-01", "ml-a", "https://example.org/r.git", "main", "pytest -q",
+               DEFAULT_LIMITS, ("pypi.org", "*.pythonhosted.org", "10.20.0.0/16"), "req-1",
+               "stasis-snapshots", "sandboxes/ml-a/sbx-20250610-01")
+URLS = {key: f"https://storage.googleapis.com/signed/{key}" for key in sm.SECRET_KEYS}
+
+
+def test_pod_is_gvisor_without_token_or_privileges() -> None:
+    pod = sm.sandbox_pod(SPEC, "a" * 40)
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert spec["activeDeadlineSeconds"] == 900 + 600 and spec["restartPolicy"] == "Never"
+    task = next(c for c in spec["containers"] if c["name"] == "task")
+    assert task["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+    assert task["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any("valueFrom" in e for e in task["env"]), "the task gets no secret"
+    assert {e["name"]: e["value"] for e in task["env"]}["CPU_SECONDS"] == "600"
+    holders = {c["name"] for c in [*spec["containers"], *spec["initContainers"]]
+               if any("valueFrom" in e for e in c.get("env", []))}
+    assert holders == {"checkout", "collector"}
+
+
+def test_network_policy_denies_all_but_transfers_and_allowed_addresses() -> None:
+    policy = sm.sandbox_network_policy(SPEC)["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["ingress"] == []
+    cidrs = [b["ipBlock"]["cidr"] for rule in policy["egress"] for b in rule["to"]]
+    assert cidrs == ["199.36.153.8/30", "10.20.0.0/16"]
+    no_network = dataclasses.replace(SPEC, allowed_network=())
+    assert sm.sandbox_fqdn_policy(no_network) is None and sm.sandbox_dns_policy(no_network) is None
+    fqdn = sm.sandbox_fqdn_policy(SPEC)
+    assert fqdn is not None
+    assert fqdn["spec"]["egress"][0]["matches"] == [{"name": "pypi.org"},
+                                                    {"pattern": "*.pythonhosted.org"}]
+
+
+def test_manifests_are_valid_kubernetes_objects() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = sm.sandbox_manifests(SPEC, "a" * 40, URLS)
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "NetworkPolicy",
+                                            "FQDNNetworkPolicy", "Secret", "Pod"]
+    for obj in objects:
+        if obj["apiVersion"].startswith("networking.gke.io"):
+            continue  # a GKE CRD: not in the Kubernetes OpenAPI schema
+        kubernetes_validate.validate(obj, "1.35", strict=True)
+
+
+# -- the local runner's pure decisions -------------------------------------------------------
+
+
+def test_the_task_environment_is_an_allow_list() -> None:
+    host = {"PATH": "/usr/bin", "LANG": "de_DE.UTF-8", "HOME": "/root",
+            "GOOGLE_APPLICATION_CREDENTIALS": "/creds.json", "SLACK_BOT_TOKEN": "xoxb-1",
+            "AWS_SECRET_ACCESS_KEY": "k", "SSH_AUTH_SOCK": "/tmp/agent", "ANY_NEW_SECRET": "s",
+            "STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"}
+    env = scrubbed_env(sandbox_id="sbx-1", home="/s/home", tmp="/s/tmp", path="/usr/bin",
+                       host=host)
+    assert env["HOME"] == "/s/home" and env["LANG"] == "de_DE.UTF-8"
+    leaked = {k for k in env if k in host and k not in ("PATH", "LANG", "HOME")}
+    assert leaked == set()
+    assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "USER", "LOGNAME", "SHELL", "TERM",
+                        "STASIS_SANDBOX_ID", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL",
+                        "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_TERMINAL_PROMPT",
+                        "PYTHONDONTWRITEBYTECODE"}
+
+
+def test_exec_argv_carries_isolation_and_limits() -> None:
+    spec = {"net": "isolated", "uid": 200001, "gid": 200001, "python": "/py",
+            "limits": {"processes": 64}}
+    argv = exec_argv(spec, ["/bin/sh", "-c", "x"], cwd="/w", cpu_seconds=5,
+                     memory_bytes=10, file_bytes=20)
+    assert argv[:3] == ["/py", "-I", argv[2]] and argv[2].endswith("sandbox_exec.py")
+    text = " ".join(argv)
+    for part in ("--net isolated", "--uid 200001 --gid 200001", "--processes 64",
+                 "--cpu-seconds 5", "--memory-bytes 10", "--file-bytes 20", "-- /bin/sh -c x"):
+        assert part in text
+    assert "--uid" not in exec_argv({**spec, "uid": None}, ["true"], cwd="/", cpu_seconds=1,
+                                    memory_bytes=1, file_bytes=1)
+
+
+def _exited(code: int) -> int:
+    return code << 8  # a wait status
+
+
+LIMITS = {"cpu_seconds": 10, "memory_bytes": 100, "wall_clock_seconds": 5, "processes": 8}
+
+
+@pytest.mark.parametrize(("watch", "tail", "termination"), [
+    (Watch(status=_exited(0)), b"", "exited"),
+    (Watch(status=_exited(2)), b"", "exited"),
+    (Watch(status=_exited(1), stopped="wall_clock_exceeded"), b"", "wall_clock_exceeded"),
+    (Watch(status=_exited(1), stopped="memory_limit_exceeded"), b"", "memory_limit_exceeded"),
+    (Watch(status=_exited(128 + signal.SIGXCPU)), b"", "cpu_time_exceeded"),
+    (Watch(status=signal.SIGXCPU), b"", "cpu_time_exceeded"),
+    (Watch(status=_exited(1)), b"Traceback\nMemoryError\n", "memory_limit_exceeded"),
+    (Watch(status=_exited(125)), b"sandbox setup failed, the task did not run: x",
+     "failed_to_start"),
+    (Watch(status=signal.SIGSEGV), b"", "killed"),
+    (Watch(status=_exited(1), stopped="cancelled"), b"", "cancelled"),
+])
+def test_classify(watch: Watch, tail: bytes, termination: str) -> None:
+    assert classify(watch, LIMITS, tail)[0] == termination
+
+
+def test_exit_status_follows_the_shell_convention() -> None:
+    assert Watch(status=_exited(3)).exit_status == 3
+    assert Watch(status=signal.SIGKILL).exit_status == 128 + 9
+    assert os.WIFSIGNALED(signal.SIGKILL)
+
+
+def test_network_statements_never_overstate() -> None:
+    enforced = Isolation(True, True, "probed")
+    assert enforced.statement([]).startswith("none: a network namespace")
+    assert "NOT ENFORCED" in Isolation(False, False, "unshare: EPERM").statement([])
+    opened = enforced.statement(["pypi.org"])
+    assert "pypi.org" in opened and "does not filter by destination" in opened
+
+
+def test_run_spec_is_checked() -> None:
+    good = RunSpec.of(Sandbox(id="sbx-1", team="ml-a", requester="a", repository="/r",
+                              command="c", base_ref="main", limits=DEFAULT_LIMITS,
+                              allowed_network=(), state=SandboxState.RUNNING, reason="admitted",
+                              requestid="r", requested_at=NOW), "bucket").to_json()
+    assert parse_run_spec("sbx-1", good)["prefix"] == "sandboxes/ml-a/sbx-1"
+    with pytest.raises(BadRequest, match="not a sandbox id"):
+        parse_run_spec("../etc", {**good, "sandbox_id": "../etc"})
+    with pytest.raises(BadRequest, match=r"limits\.memory_bytes"):
+        parse_run_spec("sbx-1", {**good, "limits": {**good["limits"], "memory_bytes": 0}})
+    with pytest.raises(BadRequest, match="not sbx-2"):
+        parse_run_spec("sbx-2", good)
+
+
+def test_the_policy_schema_and_the_domain_agree() -> None:
+    from events.schemas import errors
+
+    good = {"concurrency": 3, "max_queued": 5, "defaults": {"memory": "1Gi"},
+            "maximum": {"wall_clock_seconds": 1800}, "network": ["pypi.org", "10.0.0.0/8"],
+            "teams": {"ml-b": {"concurrency": 1}}}
+    assert errors("sandbox_policy.schema.json", good) == [] and policy_problems(good) == []
+    for bad in ({"concurency": 1}, {"defaults": {"gpu": 1}}, {"teams": {"ml-a": {"x": 1}}},
+                {"concurrency": 0}):
+        assert errors("sandbox_policy.schema.json", bad) and policy_problems(bad)
+
+
+# -- the handler, against small fakes ------------------------------------------------------
+
+
+class _FakeView:
+    def __init__(self, docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.docs = docs
+        self.outcome: dict[str, Any] = {}
+        self.writes: list[tuple[str, str, dict[str, Any], bool]] = []
+
+    def sandbox(self, sandbox_id: str) -> Sandbox | None:
+        doc = self.docs.get(("sandboxes", sandbox_id))
+        return Sandbox.from_doc(doc) if doc else None
+
+    def queue(self, team: str) -> TeamQueue:
+        return TeamQueue.from_doc(self.docs.get(("sandbox_queues", team)))
+
+    def policy_section(self) -> dict[str, Any] | None:
+        return {"concurrency": 1}
+
+    def set(self, collection: str, doc_id: str, data: dict[str, Any]) -> None:
+        self.writes.append((collection, doc_id, data, False))
+
+    def update(self, collection: str, doc_id: str, fields: dict[str, Any]) -> None:
+        self.writes.append((collection, doc_id, fields, True))
+
+
+class _FakeStore:
+    """Firestore's transaction in a dict: a ledger per (consumer, requestid)."""
+
+    def __init__(self) -> None:
+        self.docs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.ledger: dict[str, Any] = {}
+
+    def transact(self, event: Any, consumer: str, decide: Any, *, subject: str,
+                 now: datetime) -> Any:
+        from types import SimpleNamespace
+
+        key = f"{consumer}|{event.type}|{event.requestid}"
+        if key in self.ledger:
+            return SimpleNamespace(duplicate=True, ledger=self.ledger[key], value=None)
+        view = _FakeView(self.docs)
+        outbox, value = decide(view)
+        for collection, doc_id, data, merge in view.writes:
+            if merge:
+                self.docs[(collection, doc_id)].update(data)
+            elif doc_id:
+                self.docs[(collection, doc_id)] = dict(data)
+        self.ledger[key] = SimpleNamespace(key=key, status="pending" if outbox else "done",
+                                           outbox=outbox)
+        return SimpleNamespace(duplicate=False, ledger=self.ledger[key], value=value)
+
+    def mark_done(self, key: str) -> None:
+        self.ledger[key].status, self.ledger[key].outbox = "done", []
+
+    def get(self, sandbox_id: str) -> Sandbox | None:
+        doc = self.docs.get(("sandboxes", sandbox_id))
+        return Sandbox.from_doc(doc) if doc else None
+
+
+class _FakeRuntime:
+    name = "fake"
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.started: list[RunSpec] = []
+        self.refuse = refuse
+
+    def start(self, spec: RunSpec) -> None:
+        from functions.ports import RuntimeRefused
+
+        if self.refuse:
+            raise RuntimeRefused("no such repository on this node")
+        self.started.append(spec)
+
+    def cancel(self, sandbox_id: str) -> None: ...
+
+
+def _deps(catalog: Catalog, runtime: _FakeRuntime) -> Any:
+    from functions.handlers.deps import Deps
+    from functions.handlers.sandbox_ports import SandboxDeps
+    from runtime.local.publisher import RecordingPublisher
+
+    return Deps(store=None, bus=RecordingPublisher(), runtime=None,  # type: ignore[arg-type]
+                snapshots=None, catalog=lambda: catalog,  # type: ignore[arg-type]
+                clock=lambda: NOW, snapshot_bucket="bucket", dead_letters=None,  # type: ignore[arg-type]
+                sandboxes=SandboxDeps(_FakeStore(), runtime))  # type: ignore[arg-type]
+
+
+def _requested(sandbox_id: str, requestid: str | None = None) -> Any:
+    from events import SandboxRequested, new_event
+
+    return new_event(SandboxRequested(sandbox_id=sandbox_id, team="ml-a", requester="alice",
+                                      repository="/r", command="true"),
+                     source="//t", requestid=requestid)
+
+
+def test_the_handler_starts_admitted_sandboxes_once(catalog: Catalog) -> None:
+    from functions.handlers import sandboxes as handler
+
+    runtime = _FakeRuntime()
+    deps = _deps(catalog, runtime)
+    event = _requested("sbx-1")
+    handler.handle(event, deps, "on_sandbox_requested")
+    handler.handle(event, deps, "on_sandbox_requested")  # a redelivery
+    handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")  # over the cap of 1
+    assert [s.sandbox_id for s in runtime.started] == ["sbx-1"]
+    spec = runtime.started[0]
+    assert (spec.bucket, spec.prefix, spec.requestid) == ("bucket", "sandboxes/ml-a/sbx-1",
+                                                          event.requestid)
+    store = deps.sandboxes.store
+    assert store.docs[("sandboxes", "sbx-2")]["state"] == "QUEUED"
+
+    from events import SandboxFinished, new_event
+
+    done = new_event(SandboxFinished("sbx-1", True, exit_status=0, patch_uri="gs://b/p"),
+                     source="//runtime", requestid=event.requestid)
+    handler.handle(done, deps, "on_sandbox_finished")
+    assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]
+    assert store.docs[("sandboxes", "sbx-1")]["state"] == "SUCCEEDED"
+    assert store.docs[("sandboxes", "sbx-2")]["state"] == "RUNNING"
+
+
+def test_a_runtime_refusal_is_reported_as_failed_to_start(catalog: Catalog) -> None:
+    from functions.handlers import sandboxes as handler
+
+    deps = _deps(catalog, _FakeRuntime(refuse=True))
+    event = _requested("sbx-1")
+    handler.handle(event, deps, "on_sandbox_requested")
+    [published] = deps.bus.events
+    assert published.name == "sandbox.finished" and published.requestid == event.requestid
+    assert published.payload.termination == "failed_to_start"
+    assert "no such repository" in published.payload.error
+
+
+def test_the_sandbox_document_schema_matches_the_record(catalog: Catalog) -> None:
+    import json
+
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    schema = json.loads((ROOT / "schemas" / "documents" / "sandbox.json").read_text())
+    Draft202012Validator.check_schema(schema)
+    fields = {f.name for f in dataclasses.fields(Sandbox)}
+    assert set(schema["properties"]) == fields | {"updated_at"}
+    record, _ = admitted(catalog, "sbx-1", TeamQueue())
+    ended = finish(record, Report("sbx-1", True, exit_status=0, patch_uri="gs://b/p"),
+                   policy=DEFAULT_POLICY, queue=TeamQueue(("sbx-1",)), load=lambda _i: None,
+                   now=NOW).sandboxes[0]
+    for doc in (record.to_doc(), ended.to_doc()):
+        as_json = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in doc.items()}
+        errors = list(Draft202012Validator(schema, format_checker=FormatChecker())
+                      .iter_errors(as_json))
+        assert errors == [], errors
