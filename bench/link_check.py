@@ -231,6 +231,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--links", type=int, default=100)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--server-threads", type=int, default=16,
+                        help="gunicorn threads (the function host runs 16)")
     parser.add_argument("--firestore", default=None, help="HOST:PORT of a running emulator")
     args = parser.parse_args()
 
@@ -240,12 +242,20 @@ def main() -> int:
     emulator = None
     tmp = tempfile.TemporaryDirectory(prefix="stasis-bench-links-")
     try:
-        if args.firestore is None:
+        for attempt in range(3 if args.firestore is None else 0):
+            # Fresh ports per attempt: on a shared machine a free port can be taken before
+            # the emulator binds it.
             ports = processes.free_ports(len(DEFAULT_PORTS))
             settings = Settings(project=PROJECT, data_dir=Path(tmp.name)).with_ports(
                 dict(zip(DEFAULT_PORTS, ports, strict=True)))
-            emulator = processes.start(processes.firestore_spec(settings), timeout=120)
+            try:
+                emulator = processes.start(processes.firestore_spec(settings), timeout=120)
+            except processes.ServiceError:
+                if attempt == 2:
+                    raise
+                continue
             args.firestore = settings.firestore_host
+            break
         os.environ.update(FIRESTORE_EMULATOR_HOST=args.firestore, STASIS_PROJECT=PROJECT,
                           GOOGLE_CLOUD_PROJECT=PROJECT)
         tokens = _seed(args.links)
@@ -253,7 +263,7 @@ def main() -> int:
         gunicorn = Path(sys.executable).with_name("gunicorn")
         server = subprocess.Popen(
             [str(gunicorn), "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
-             "--workers", "1", "--threads", "16", "--chdir", str(ROOT),
+             "--workers", "1", "--threads", str(args.server_threads), "--chdir", str(ROOT),
              "bench.link_check:serve_app()"],
             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -275,7 +285,8 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "link_check", "rate": args.rate, "seconds": args.seconds,
         "links": args.links, "connections": args.connections,
-        "cache_seconds": 0.5, "server": "gunicorn gthread, 1 worker x 16 threads",
+        "cache_seconds": 0.5,
+        "server": f"gunicorn gthread, 1 worker x {args.server_threads} threads",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         **report}, indent=2))
     return 0

@@ -4,9 +4,11 @@
 (``on_job_submitted``: ``functions.handlers.jobs``) has decided in ``jobs/{id}``: RUNNING
 lets the job start, REFUSED raises :class:`stasis.jobs.JobRefused` with the reason and what
 to do. When the job ends it publishes job.finished, which gives the team's accelerators
-back. ``from_environment()`` wires it to Pub/Sub and Firestore (emulators included) for a
-kernel that has ``STASIS_PROJECT``, ``STASIS_TEAM``, ``STASIS_OWNER`` and, optionally,
-``STASIS_WORKSPACE_ID`` in its environment.
+back, with the job's log copied to Cloud Storage (``gs://BUCKET/jobs/TEAM/ID/log.txt``,
+the snapshot bucket). ``from_environment()`` wires it to Pub/Sub, Firestore and Cloud
+Storage (emulators included) for a kernel of a workspace: ``STASIS_PROJECT`` and
+``STASIS_WORKSPACE_ID`` (the node agent sets both; the team is the id's prefix, the owner
+the workspace's), or ``STASIS_TEAM`` / ``STASIS_OWNER`` outside one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from events import Event, new_event
-from events.payloads import JobFinished, JobSubmitted
+from events.payloads import WORKSPACE_SEPARATOR, JobFinished, JobSubmitted
 
 SOURCE = "//stasis/notebook"
 
@@ -26,8 +28,11 @@ class EventControlPlane:
     def __init__(self, publish: Callable[[Event[Any]], Any],
                  read_job: Callable[[str], Mapping[str, Any] | None], *, team: str,
                  owner: str, workspace_id: str | None = None, runtime: str = "local",
-                 timeout: float = 60.0, poll: float = 0.2) -> None:
+                 timeout: float = 60.0, poll: float = 0.2,
+                 upload_log: Callable[[str, str], str] | None = None) -> None:
         self.publish, self.read_job = publish, read_job
+        #: ``upload_log(job_id, local_path) -> uri``: where the job's log is kept.
+        self.upload_log = upload_log
         self.team, self.owner, self.workspace_id = team, owner, workspace_id
         self.runtime, self.timeout, self.poll = runtime, timeout, poll
 
@@ -54,6 +59,10 @@ class EventControlPlane:
     def finished(self, job_id: str, *, succeeded: bool, termination: str,
                  exit_status: int | None, failed_host: int | None, error: str | None,
                  log_uri: str | None, duration_ms: int) -> None:
+        if self.upload_log is not None and log_uri and log_uri.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            log_uri = self.upload_log(job_id, unquote(urlparse(log_uri).path))
         self.publish(new_event(JobFinished(
             job_id=job_id, succeeded=succeeded, termination=termination,
             exit_status=exit_status, failed_host=failed_host,
@@ -76,6 +85,32 @@ def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
         snap = db.collection("jobs").document(job_id).get()
         return snap.to_dict() if snap.exists else None
 
-    return EventControlPlane(bus.publish, read_job, team=env["STASIS_TEAM"],
-                             owner=env.get("STASIS_OWNER", "unknown"),
-                             workspace_id=env.get("STASIS_WORKSPACE_ID") or None)
+    workspace_id = env.get("STASIS_WORKSPACE_ID") or None
+    team = env.get("STASIS_TEAM") or (workspace_id or "").split(WORKSPACE_SEPARATOR)[0]
+    if not team:
+        raise KeyError("STASIS_TEAM or STASIS_WORKSPACE_ID: whose quota does the job use?")
+    owner = env.get("STASIS_OWNER")
+    if not owner and workspace_id:
+        snap = db.collection("workspaces").document(workspace_id).get()
+        owner = (snap.to_dict() or {}).get("owner") if snap.exists else None
+    bucket = env.get("STASIS_SNAPSHOT_BUCKET")
+
+    def upload_log(job_id: str, path: str) -> str:
+        from functions.adapters.snapshots import storage_client
+
+        name = f"jobs/{team}/{job_id}/log.txt"
+        storage_client(project).bucket(bucket).blob(name).upload_from_filename(
+            path, content_type="text/plain")
+        return f"gs://{bucket}/{name}"
+
+    return EventControlPlane(bus.publish, read_job, team=team, owner=owner or "unknown",
+                             workspace_id=workspace_id,
+                             upload_log=upload_log if bucket else None)
+
+
+def available(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this kernel runs in a workspace of a control plane (``from_environment``
+    has what it needs)."""
+    env = env if env is not None else os.environ
+    return bool(env.get("STASIS_PROJECT") and
+                (env.get("STASIS_WORKSPACE_ID") or env.get("STASIS_TEAM")))

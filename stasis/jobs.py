@@ -53,8 +53,19 @@ Job = LocalJob
 def submit(fn: Callable[..., Any], *args: Any, profile: str = "cpu-small", hosts: int = 1,
            kwargs: Mapping[str, Any] | None = None, job_id: str | None = None,
            env: Mapping[str, str] | None = None,
-           control_plane: ControlPlane | None = None) -> LocalJob:
-    """Run ``fn(*args, **kwargs)`` on ``hosts`` hosts of ``profile``; returns at once."""
+           control_plane: ControlPlane | str | None = "auto") -> LocalJob:
+    """Run ``fn(*args, **kwargs)`` on ``hosts`` hosts of ``profile``; returns once the job
+    is admitted and started (raises :class:`JobRefused` if it is not admitted).
+
+    ``control_plane``: ``"auto"`` (the default) admits through the control plane when this
+    kernel runs in a workspace of one (``stasis.control_plane.available()``), and runs
+    without admission otherwise; ``None`` never asks.
+    """
+    if control_plane == "auto":
+        from stasis import control_plane as cp
+
+        control_plane = cp.from_environment() if cp.available() else None
+    assert control_plane is None or not isinstance(control_plane, str)
     job_id = job_id or new_job_id()
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     if control_plane is not None:

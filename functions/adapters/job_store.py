@@ -78,7 +78,7 @@ class FirestoreJobStore:
         def run(transaction: Any) -> TxResult:
             ledger = ledger_ref.get(transaction=transaction)
             if ledger.exists:
-                doc = ledger.to_dict()
+                doc = ledger.to_dict() or {}
                 return TxResult(True, LedgerEntry(key, doc["status"], doc.get("outbox", [])))
             job_snap = job_ref.get(transaction=transaction)
             job = Job.from_doc(_aware(job_snap.to_dict())) if job_snap.exists else None

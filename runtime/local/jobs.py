@@ -144,17 +144,32 @@ class LocalJob:
                     self._cond.notify_all()
 
     def _watch(self) -> None:
-        pending = dict(enumerate(self._procs))
-        while pending:
-            for rank, proc in list(pending.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                del pending[rank]
-                if code != 0 and self.failed_host is None and self.state == "RUNNING":
-                    self.failed_host, self.exit_status = rank, code
-                    self._kill(pending.values())
-            time.sleep(0.05)
+        exits: list[tuple[float, int, int]] = []  # (when, host, status), in order of exit
+        guard = threading.Lock()
+
+        def wait(rank: int, proc: subprocess.Popen[bytes]) -> None:
+            code = proc.wait()
+            with guard:
+                exits.append((time.monotonic(), rank, code))
+
+        waiters = [threading.Thread(target=wait, args=(rank, proc), daemon=True)
+                   for rank, proc in enumerate(self._procs)]
+        for waiter in waiters:
+            waiter.start()
+        while True:
+            with guard:
+                failed = [(when, rank, code) for when, rank, code in exits if code != 0]
+                finished = len(exits) == len(self._procs)
+            if failed and self.state == "RUNNING":
+                # the others would wait forever in a collective; a peer that lost its
+                # connection to the failed host may exit too, a moment later: the first
+                # to exit is the one that failed
+                self._kill(self._procs)
+            if finished:
+                break
+            time.sleep(0.02)
+        if failed and self.state == "RUNNING":
+            _, self.failed_host, self.exit_status = min(failed)
         for reader in self._readers:
             reader.join(timeout=5)
         with self._cond:
