@@ -18,7 +18,7 @@ $(BIN)/stasis: pyproject.toml
 	@test -x /usr/bin/chromium || { apt-get update && apt-get install -y chromium; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e . --group dev
+	$(BIN)/pip install --quiet -e . --group dev --group jobs
 	@# checkov pins packaging<24, which pytest 9 refuses: it gets a venv of its own.
 	$(PYTHON) -m venv build/checkov-venv
 	build/checkov-venv/bin/pip install --quiet 'checkov>=3.2,<4'

@@ -493,3 +493,4 @@ from stack import cli_links  # noqa: E402, F401  (registers `stasis link`, `stas
 from stack import cli_upkeep  # noqa: E402, F401  (registers `stasis idle`, `janitor`, `cost`)
 from stack import cli_bundle  # noqa: E402, F401  (registers `stasis bundle`)
 from stack import cli_sandbox  # noqa: E402, F401  (registers `stasis sandbox`)
+from stack import cli_jobs  # noqa: E402, F401  (registers `stasis jobs`)

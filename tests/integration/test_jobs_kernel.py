@@ -36,7 +36,7 @@ def train(base):
 
 class Kernel:
     def __init__(self, home: Path) -> None:
-        # no control plane here (tests/e2e/test_jobs.py has one): jobs run unadmitted
+        # no control plane here (tests/e2e/test_jobs_e2e.py has one): jobs run unadmitted
         env = {k: v for k, v in os.environ.items()
                if k not in ("STASIS_PROJECT", "STASIS_WORKSPACE_ID", "STASIS_TEAM")}
         env["PYTHONPATH"] = str(ROOT)

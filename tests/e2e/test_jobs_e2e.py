@@ -76,5 +76,9 @@ def test_a_notebook_job_is_admitted_runs_on_four_hosts_and_is_refused_over_quota
     text = storage.Client.create_anonymous_client().bucket(stack.settings.snapshot_bucket) \
         .blob(uri.split("/", 3)[3]).download_as_text()
     assert all(f"[host {r}] rank {r} of 4 ready" in text for r in range(4))
+    listing = stack.cli("jobs", "list", "--team", "ml-a").stdout
+    assert "job-too-big" in listing and "REFUSED" in listing
+    shown = json.loads(stack.cli("jobs", "show", four[1]).stdout)
+    assert shown["state"] == "SUCCEEDED" and shown["hosts"] == 4
     stack.wait_for(lambda: db.collection("teams").document("ml-a").get().to_dict()
                    ["usage"].get("tpus", 0) == 0, timeout=30)
