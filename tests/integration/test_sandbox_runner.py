@@ -400,7 +400,13 @@ def test_a_restarted_runner_reports_what_finished_while_it_was_away(
         runner: SandboxRunner, env: Env, repo: Path) -> None:
     sandbox_id = "sbx-away"
     run(runner, env, repo, "echo x > x.txt", sandbox_id=sandbox_id)
-    (runner.root / sandbox_id / "reported").unlink()  # as if the agent died before reporting
+    marker = runner.root / sandbox_id / "reported"
+    # The runner marks the sandbox reported just after publishing: wait for that, then
+    # take the mark away, as if the agent had died between the two.
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    marker.unlink()
     later = SandboxRunner(runner.settings, RecordingPublisher(), root=runner.root,
                           environ=env.environ, isolation=runner.isolation)
     again = later.publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id,  # type: ignore[attr-defined]
