@@ -38,7 +38,7 @@ started = time.time()
 rng = np.random.default_rng(42)
 state = np.empty(32 * 1024 * 1024, dtype=np.float64)   # 256 MiB
 for i in range(32):                                      # slow on purpose: ~seconds
-    chunk = rng.standard_normal(1024 * 1024)
+    chunk = np.sort(rng.standard_normal(1024 * 1024))   # the "expensive" part of the cell
     state[i * 1024 * 1024:(i + 1) * 1024 * 1024] = np.cumsum(np.sin(chunk) ** 2)
 model = {"weights": state[:1000].copy(), "epoch": 7, "note": "trained before lunch"}
 def predict(x):
