@@ -166,14 +166,6 @@ class RuntimeDestroyed:
     released_snapshot_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class Stuck:
-    """Internal signal from the reconciler: a transition waited too long on the runtime."""
-
-    workspace_id: str
-    detail: str
-
-
 Signal = (
     WorkspaceRequested
     | WorkspaceReady
@@ -183,7 +175,6 @@ Signal = (
     | WorkspaceResumeRequested
     | WorkspaceDeleteRequested
     | RuntimeDestroyed
-    | Stuck
 )
 
 
@@ -232,9 +223,7 @@ def decide(workspace: Workspace | None, event: Signal, now: datetime) -> Decisio
         return _on_resume(workspace, event, now)
     if isinstance(event, WorkspaceDeleteRequested):
         return _on_delete(workspace, event, now)
-    if isinstance(event, RuntimeDestroyed):
-        return _on_destroyed(workspace, now)
-    return _on_stuck(workspace, event, now)
+    return _on_destroyed(workspace, now)
 
 
 def refuse_admission(
@@ -407,22 +396,6 @@ def _on_destroyed(ws: Workspace, now: datetime) -> Decision:
     return Decision(True, Reason.DELETED, deleted, previous_state=ws.state)
 
 
-def _on_stuck(ws: Workspace, event: Stuck, now: datetime) -> Decision:
-    if ws.state == State.PAUSING and ws.pending_snapshot:
-        # The snapshot never reported: treat it as failed; the workspace is still running.
-        stuck = SnapshotFinished(workspace_id=ws.id, snapshot_id=ws.pending_snapshot,
-                                 succeeded=False, error=f"snapshot lost: {event.detail}")
-        return _on_snapshot_finished(ws, stuck, now)
-    if ws.state in (State.PROVISIONING, State.RESUMING):
-        operation = "provision" if ws.state == State.PROVISIONING else "resume"
-        failure = WorkspaceRuntimeFailed(ws.id, operation, f"stuck: {event.detail}")
-        return _on_runtime_failed(ws, failure, now)
-    if ws.state == State.DELETING:
-        return Decision(True, Reason.DELETE_RETRIED, ws, (Destroy(ws.id, ws.keep_home),),
-                        previous_state=ws.state)
-    return _refuse(ws, Reason.STALE_FAILURE, f"not in transition ({ws.state})")
-
-
 def _new_workspace(event: WorkspaceRequested, now: datetime) -> Workspace:
     return Workspace(id=workspace_id(event.team, event.name), team=event.team, owner=event.owner,
                      name=event.name, profile=event.profile, ide=event.ide,
@@ -471,7 +444,6 @@ __all__ = [
     "Signal",
     "Snapshot",
     "State",
-    "Stuck",
     "Workspace",
     "decide",
     "refuse_admission",

@@ -46,7 +46,6 @@ from functions.domain.lifecycle import (
     RuntimeDestroyed,
     Snapshot,
     State,
-    Stuck,
     Workspace,
     decide,
     refuse_admission,
@@ -103,7 +102,6 @@ SIGNALS: dict[str, Any] = {
     "resume": WorkspaceResumeRequested(WS, "alice"),
     "delete": WorkspaceDeleteRequested(WS, "alice"),
     "destroyed": RuntimeDestroyed(WS, 1024),
-    "stuck": Stuck(WS, "no answer for 15 min"),
 }
 
 S, R = State, Reason
@@ -126,7 +124,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (None, "resume"):                    (NO, None, R.UNKNOWN_WORKSPACE, _),
     (None, "delete"):                    (NO, None, R.UNKNOWN_WORKSPACE, _),
     (None, "destroyed"):                 (NO, None, R.UNKNOWN_WORKSPACE, _),
-    (None, "stuck"):                     (NO, None, R.UNKNOWN_WORKSPACE, _),
     # -- REQUESTED: a document nothing has acted on yet; only delete moves it -----------------
     (S.REQUESTED, "requested"):             (NO, S.REQUESTED, R.NAME_IN_USE, _),
     (S.REQUESTED, "ready"):                 (NO, S.REQUESTED, R.STALE_READY, _),
@@ -139,7 +136,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.REQUESTED, "resume"):                (NO, S.REQUESTED, R.NOT_PAUSED, _),
     (S.REQUESTED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.REQUESTED, "destroyed"):             (NO, S.REQUESTED, R.STALE_FAILURE, _),
-    (S.REQUESTED, "stuck"):                 (NO, S.REQUESTED, R.STALE_FAILURE, _),
     # -- PROVISIONING --------------------------------------------------------------------------
     (S.PROVISIONING, "requested"):             (NO, S.PROVISIONING, R.NAME_IN_USE, _),
     (S.PROVISIONING, "ready"):                 (OK, S.RUNNING, R.READY, _),
@@ -152,7 +148,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PROVISIONING, "resume"):                (NO, S.PROVISIONING, R.NOT_PAUSED, _),
     (S.PROVISIONING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PROVISIONING, "destroyed"):             (NO, S.PROVISIONING, R.STALE_FAILURE, _),
-    (S.PROVISIONING, "stuck"):                 (OK, S.FAILED, R.PROVISION_FAILED, REL),
     # -- RUNNING -------------------------------------------------------------------------------
     (S.RUNNING, "requested"):             (NO, S.RUNNING, R.NAME_IN_USE, _),
     (S.RUNNING, "ready"):                 (NO, S.RUNNING, R.ALREADY_RUNNING, _),
@@ -166,7 +161,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.RUNNING, "resume"):                (NO, S.RUNNING, R.ALREADY_RUNNING, _),
     (S.RUNNING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.RUNNING, "destroyed"):             (NO, S.RUNNING, R.STALE_FAILURE, _),
-    (S.RUNNING, "stuck"):                 (NO, S.RUNNING, R.STALE_FAILURE, _),
     # -- PAUSING (ws-v3 pending) ---------------------------------------------------------------
     (S.PAUSING, "requested"):             (NO, S.PAUSING, R.NAME_IN_USE, _),
     (S.PAUSING, "ready"):                 (NO, S.PAUSING, R.STALE_READY, _),
@@ -179,7 +173,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PAUSING, "resume"):                (NO, S.PAUSING, R.NOT_PAUSED, _),
     (S.PAUSING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PAUSING, "destroyed"):             (NO, S.PAUSING, R.STALE_FAILURE, _),
-    (S.PAUSING, "stuck"):                 (OK, S.RUNNING, R.SNAPSHOT_FAILED, DISC),
     # -- PAUSED (ws-v3 current): a redelivered ws-v3 is not discarded, it is the snapshot ------
     (S.PAUSED, "requested"):             (NO, S.PAUSED, R.NAME_IN_USE, _),
     (S.PAUSED, "ready"):                 (NO, S.PAUSED, R.STALE_READY, _),
@@ -192,7 +185,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PAUSED, "resume"):                (OK, S.RESUMING, R.RESUME_STARTED, REST),
     (S.PAUSED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PAUSED, "destroyed"):             (NO, S.PAUSED, R.STALE_FAILURE, _),
-    (S.PAUSED, "stuck"):                 (NO, S.PAUSED, R.STALE_FAILURE, _),
     # -- RESUMING (from ws-v3) -----------------------------------------------------------------
     (S.RESUMING, "requested"):             (NO, S.RESUMING, R.NAME_IN_USE, _),
     (S.RESUMING, "ready"):                 (OK, S.RUNNING, R.RESUMED, _),
@@ -205,7 +197,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.RESUMING, "resume"):                (NO, S.RESUMING, R.ALREADY_RESUMING, _),
     (S.RESUMING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.RESUMING, "destroyed"):             (NO, S.RESUMING, R.STALE_FAILURE, _),
-    (S.RESUMING, "stuck"):                 (OK, S.FAILED, R.RESUME_FAILED, REL),
     # -- DELETING (deleted while ws-v3 was pending): a late snapshot is discarded -------------
     (S.DELETING, "requested"):             (NO, S.DELETING, R.NAME_IN_USE, _),
     (S.DELETING, "ready"):                 (NO, S.DELETING, R.STALE_READY, _),
@@ -218,7 +209,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.DELETING, "resume"):                (NO, S.DELETING, R.NOT_PAUSED, _),
     (S.DELETING, "delete"):                (OK, S.DELETING, R.DELETE_RETRIED, DEST),
     (S.DELETING, "destroyed"):             (OK, S.DELETED, R.DELETED, _),
-    (S.DELETING, "stuck"):                 (OK, S.DELETING, R.DELETE_RETRIED, DEST),
     # -- DELETED: the name is free again; everything else is about a workspace that is gone --
     (S.DELETED, "requested"):             (OK, S.PROVISIONING, R.CREATED, PROV),
     (S.DELETED, "ready"):                 (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
@@ -231,7 +221,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.DELETED, "resume"):                (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
     (S.DELETED, "delete"):                (NO, S.DELETED, R.ALREADY_DELETED, _),
     (S.DELETED, "destroyed"):             (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
-    (S.DELETED, "stuck"):                 (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
     # -- FAILED by a resume, keeping ws-v3: resume again or delete; the name stays taken ------
     (S.FAILED, "requested"):             (NO, S.FAILED, R.NAME_IN_USE, _),
     (S.FAILED, "ready"):                 (NO, S.FAILED, R.STALE_READY, _),
@@ -244,7 +233,6 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.FAILED, "resume"):                (OK, S.RESUMING, R.RESUME_STARTED, REST),
     (S.FAILED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.FAILED, "destroyed"):             (NO, S.FAILED, R.STALE_FAILURE, _),
-    (S.FAILED, "stuck"):                 (NO, S.FAILED, R.STALE_FAILURE, _),
 }
 
 
@@ -269,7 +257,7 @@ def test_the_signals_cover_every_signal_type() -> None:
     signal_types = {type(s) for s in SIGNALS.values()}
     assert signal_types == {WorkspaceRequested, WorkspaceReady, WorkspaceRuntimeFailed,
                             WorkspacePauseRequested, SnapshotFinished, WorkspaceResumeRequested,
-                            WorkspaceDeleteRequested, RuntimeDestroyed, Stuck}
+                            WorkspaceDeleteRequested, RuntimeDestroyed}
 
 
 def test_the_canonical_documents_follow_the_snapshot_naming() -> None:
@@ -346,9 +334,6 @@ def test_a_retried_delete_keeps_the_version_and_reissues_destroy() -> None:
     assert decision.workspace is deleting
     assert not decision.changed_state
     assert decision.commands == (Destroy(WS, keep_home=True),)
-    stuck = decide(deleting, Stuck(WS, "slow"), NOW)
-    assert stuck.commands == (Destroy(WS, keep_home=True),)
-    assert stuck.workspace is deleting
 
 
 def test_delete_keeps_home_when_asked() -> None:
@@ -478,12 +463,6 @@ def test_a_failed_snapshot_keeps_running_with_the_reason() -> None:
 def test_a_failed_snapshot_without_error_says_so() -> None:
     decision = decide(_ws(State.PAUSING), SnapshotFinished(WS, MATCHING, False), NOW)
     assert decision.message == "the snapshot failed"
-
-
-def test_a_lost_snapshot_is_a_failed_one() -> None:
-    decision = decide(_ws(State.PAUSING), Stuck(WS, "no report in 30 min"), NOW)
-    assert decision.reason == Reason.SNAPSHOT_FAILED
-    assert decision.message == "snapshot lost: no report in 30 min"
 
 
 def test_snapshot_finished_while_deleting_is_discarded() -> None:
