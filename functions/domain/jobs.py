@@ -23,6 +23,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from events.payloads import JobSubmitted
 from functions.domain.catalog import Profile, Quotas, Refusal
 from functions.domain.quota import Admitted, Usage, accelerators_of, admit, release
 
@@ -118,17 +119,8 @@ class Job:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class Request:
-    id: str
-    team: str
-    owner: str
-    profile: str
-    hosts: int
-    workspace_id: str | None = None
-    runtime: str = "local"
-    function: str = ""
-    log_uri: str | None = None
+#: A job request is the job.submitted payload itself, as the lifecycle takes its events.
+Request = JobSubmitted
 
 
 @dataclass(frozen=True)
@@ -149,10 +141,10 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
     """Admit a job (RUNNING, its accelerators added to ``usage``) or refuse it (REFUSED)."""
     if existing is not None:
         return Decision(None, None, existing.state != JobState.REFUSED, "duplicate",
-                        f"job {request.id} is already {existing.state}")
+                        f"job {request.job_id} is already {existing.state}")
 
     def refused(reason: str, message: str) -> Decision:
-        job = Job(request.id, request.team, request.owner, request.profile, request.hosts,
+        job = Job(request.job_id, request.team, request.owner, request.profile, request.hosts,
                   JobState.REFUSED, workspace_id=request.workspace_id, runtime=request.runtime,
                   function=request.function, message=message, submitted_at=now,
                   finished_at=now)
@@ -171,10 +163,10 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
         return refused("bad_request", str(exc))
     outcome = admit(quotas, usage, demand, request.team, contact=contact)
     if isinstance(outcome, Refusal):
-        return refused(str(outcome.reason), f"job {request.id} ({request.hosts} x "
+        return refused(str(outcome.reason), f"job {request.job_id} ({request.hosts} x "
                                             f"{profile.id}) refused: {outcome.message}")
     assert isinstance(outcome, Admitted)
-    job = Job(request.id, request.team, request.owner, profile.id, request.hosts,
+    job = Job(request.job_id, request.team, request.owner, profile.id, request.hosts,
               JobState.RUNNING, gpus=demand.gpus, tpus=demand.tpus,
               workspace_id=request.workspace_id, runtime=request.runtime,
               function=request.function, log_uri=request.log_uri,

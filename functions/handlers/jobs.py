@@ -14,7 +14,7 @@ from typing import Any
 
 from events import Event
 from events.payloads import JobFinished, JobSubmitted
-from functions.domain.jobs import Decision, Request, finish, submit
+from functions.domain.jobs import Decision, finish, submit
 from functions.handlers.deps import Deps
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,7 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
     if isinstance(payload, JobSubmitted):
         catalog = deps.catalog()
         team = catalog.teams.get(payload.team)
-        request = Request(payload.job_id, payload.team, payload.owner, payload.profile,
-                          payload.hosts, workspace_id=payload.workspace_id,
-                          runtime=payload.runtime, function=payload.function,
-                          log_uri=payload.log_uri)
+        request = payload
 
         def decide(view: Any) -> Decision:
             decision = submit(request, existing=view.job,
