@@ -81,12 +81,20 @@ class Publisher(Protocol):
     def publish(self, event: Any) -> str: ...
 
 
+class Watcher(Protocol):
+    """Another kind of object the monitor looks after (sandbox pods, JobSets): one
+    level-triggered pass per loop, True while something is in flight."""
+
+    def sync(self) -> bool: ...
+
+
 class Monitor:
     def __init__(self, cluster: Cluster, bus: Publisher, sidecars: Sidecars, *,
                  settings: m.ClusterSettings | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 idle_interval: float = 60.0) -> None:
+                 idle_interval: float = 60.0, watchers: Iterable[Watcher] = ()) -> None:
         self.cluster = cluster
+        self.watchers = list(watchers)
         self.bus = bus
         self.sidecars = sidecars
         self.settings = settings or m.ClusterSettings()
@@ -221,6 +229,8 @@ class Monitor:
             self.wake.clear()
             try:
                 busy = self.sync()
+                for watcher in self.watchers:
+                    busy |= watcher.sync()
                 if time.monotonic() - self._last_idle >= self.idle_interval:
                     self._last_idle = time.monotonic()
                     self.report_activity()
