@@ -50,12 +50,16 @@ def main() -> None:
     show_default=True,
     help="null: no workspaces, for control-plane tests.",
 )
-def up(foreground: bool, runtime: str) -> None:
-    """Start the local stack on 127.0.0.1 and return once every part is ready."""
+@click.option("--fresh", is_flag=True,
+              help="Forget the workspaces and catalog the last `stasis down` saved.")
+def up(foreground: bool, runtime: str, fresh: bool) -> None:
+    """Start the local stack on 127.0.0.1 and return once every part is ready; the
+    control-plane state the last `stasis down` saved comes back (paused workspaces stay
+    resumable)."""
     from stack import local
 
     settings = _settings()
-    report = local.up(settings, runtime=runtime)
+    report = local.up(settings, runtime=runtime, fresh=fresh)
     for row in local.status(settings):
         click.echo(
             f"  {row['name']:<11} {row['address'] or '':<22} "
@@ -65,6 +69,7 @@ def up(foreground: bool, runtime: str) -> None:
     click.echo(
         f"stack up in {report.total:.1f}s ({steps})"
         + ("; example catalog applied" if report.seeded else "")
+        + ("; state of the last `stasis down` restored" if report.restored else "")
     )
     click.echo(f"data dir {settings.data_dir}; stop with `stasis down`")
     click.echo(f"admin dashboard {settings.functions_url}/dashboard/ (dev identity "
@@ -75,15 +80,22 @@ def up(foreground: bool, runtime: str) -> None:
                 time.sleep(1)
         except KeyboardInterrupt:
             click.echo("stopping")
-            local.down(settings)
+            local.down(settings, say=click.echo)
 
 
 @main.command()
-def down() -> None:
-    """Stop every process of the local stack (workspace homes are kept)."""
+@click.option("--no-pause", is_flag=True,
+              help="Do not pause running workspaces first (their kernels are lost).")
+@click.option("--pause-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the pauses before stopping anyway.")
+def down(no_pause: bool, pause_timeout: float) -> None:
+    """Stop every process of the local stack. Running workspaces are paused first (their
+    kernels go to the snapshot bucket) and the control plane's state is saved, so the next
+    `stasis up` has them back, PAUSED; homes are always kept."""
     from stack import local
 
-    stopped = local.down(_settings())
+    stopped = local.down(_settings(), pause=not no_pause, pause_timeout=pause_timeout,
+                         say=click.echo)
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 

@@ -5,8 +5,10 @@
 functions/routes.py and the snapshot bucket, then the function host, the Slack sink
 (stack/slack_sink.py) and the node agent (concurrently), and applies examples/stasis.yaml
 when no catalog has been applied yet (while the chat function warms up). It waits on
-readiness at every step, never on a fixed sleep. `down` releases the workspaces' servers
-through the node agent (their homes stay) and stops every process group.
+readiness at every step, never on a fixed sleep. `down` pauses the running workspaces
+through the control plane and saves the control plane's state (``stack.persistence``),
+releases whatever server is left through the node agent (homes stay) and stops every
+process group; the next `up` starts from the saved state.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ EXAMPLE_CONFIG = ROOT / "examples" / "stasis.yaml"
 class UpReport:
     seconds: dict[str, float] = field(default_factory=dict)
     seeded: bool = False
+    restored: bool = False
 
     @property
     def total(self) -> float:
@@ -96,10 +99,17 @@ def agent_spec(settings: Settings) -> processes.ServiceSpec:
 
 
 def up(
-    settings: Settings, *, runtime: str = "local", seed: bool = True, timeout: float = 90.0
+    settings: Settings, *, runtime: str = "local", seed: bool = True, timeout: float = 90.0,
+    fresh: bool = False,
 ) -> UpReport:
+    """Start everything; ``fresh`` forgets the state the last `down` saved."""
+    from stack import persistence
+
     report = UpReport()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        persistence.forget(settings)
+    report.restored = persistence.import_file(settings) is not None
     os.environ.update(settings.emulator_env())
     started = time.monotonic()
     processes.start_many(processes.emulator_specs(settings), timeout=timeout)
@@ -136,8 +146,24 @@ def up(
     return report
 
 
-def down(settings: Settings) -> list[str]:
-    """Release every workspace server (homes stay), then stop every service group."""
+def down(settings: Settings, *, pause: bool = True, pause_timeout: float = 600.0,
+         say: Any = None) -> list[str]:
+    """Pause the running workspaces (``pause``) and save Firestore, release every workspace
+    server left (homes stay), then stop every service group."""
+    from stack import persistence
+
+    say = say or (lambda _m: None)
+    if _answers(settings, "firestore"):
+        if pause and _answers(settings, "functions"):
+            try:
+                persistence.pause_running(settings, timeout=pause_timeout, say=say)
+            except Exception as exc:  # stopping must go on whatever failed
+                say(f"could not pause the running workspaces: {exc}")
+        try:
+            saved = persistence.export(settings)
+            say(f"control-plane state saved in {saved}")
+        except (requests.RequestException, RuntimeError, OSError) as exc:
+            say(f"could not save the control-plane state: {exc}")
     try:
         listing = requests.get(f"{settings.node_agent_url}/workspaces", timeout=5).json()
         for ws in listing.get("workspaces", listing if isinstance(listing, list) else []):
@@ -150,6 +176,13 @@ def down(settings: Settings) -> list[str]:
 
     stop_running(settings)  # cancelled sandboxes still write their patch and result
     return processes.stop_all(settings.data_dir)
+
+
+def _answers(settings: Settings, name: str) -> bool:
+    try:
+        return requests.get(f"{settings.url(name)}/", timeout=3).status_code < 500
+    except requests.RequestException:
+        return False
 
 
 def status(settings: Settings) -> list[dict[str, Any]]:

@@ -729,19 +729,23 @@ def _indent(text: str) -> str:
 
 
 def firestore_spec(settings: Settings) -> ServiceSpec:
-    """The Firestore emulator of the Google Cloud CLI, in memory.
+    """The Firestore emulator of the Google Cloud CLI, in memory, loaded from the state the
+    last `stasis down` saved in the data dir, if any (``stack.persistence``).
 
-    It keeps data per project id, which the test fixtures use for isolation. It could
-    persist (`--export-on-exit DIR` on a graceful stop, `--import-data FILE` at start), but
-    the local stack re-seeds on `stasis up` and an in-memory emulator keeps stops fast.
+    It keeps data per project id, which the test fixtures use for isolation (their data
+    dirs are new, so they start empty).
     """
+    from stack import persistence
+
     launcher = settings.sdk_root / "platform/cloud-firestore-emulator/cloud_firestore_emulator"
     _require_file(
         launcher, "the Firestore emulator (gcloud components install cloud-firestore-emulator)"
     )
+    saved = persistence.import_file(settings)
     return ServiceSpec(
         name="firestore",
-        argv=(str(launcher), "start", f"--host={HOST}", f"--port={settings.firestore_port}"),
+        argv=(str(launcher), "start", f"--host={HOST}", f"--port={settings.firestore_port}",
+              *((f"--import-data={saved}",) if saved else ())),
         ready_url=f"{settings.url('firestore')}/",
         data_dir=settings.data_dir,
     )

@@ -103,7 +103,7 @@ def start_stack(tmp: Path, runtime: str) -> Iterator[Stack]:
         env = {**os.environ, **settings.emulator_env(), **env_vars}
         yield Stack(settings, env)
     finally:
-        local.down(settings)
+        local.down(settings, pause=False)  # tests end fast; pausing has tests of its own
         os.environ.clear()
         os.environ.update(saved)
 
