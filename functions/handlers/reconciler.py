@@ -4,6 +4,7 @@ Runs on a schedule (Cloud Scheduler -> the ``reconcile`` function) and on demand
 (``stasis reconcile``). Reads the workspaces in transition or at rest with a possible
 process, asks the runtime what it runs, and acts on the pure plan of
 functions.domain.reconcile: repairs are published as events, orphans are released.
+RUNNING sandboxes past their wall clock + grace get a sandbox.finished ``runtime_lost``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from events import new_event
 from functions.domain.lifecycle import State
-from functions.domain.reconcile import Plan, RuntimeView, plan
+from functions.domain.reconcile import Plan, RuntimeView, plan, sandbox_repairs
+from functions.domain.sandboxes import SandboxState
 from functions.handlers.deps import Deps
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
     runtime = {s.workspace_id: RuntimeView(s.running, s.operation)
                for s in deps.runtime.list()}
     result = plan(workspaces, runtime, deps.clock())
+    _repair_sandboxes(deps, result, fix=fix)
     if not fix:
         return result
     for repair in result.repairs:
@@ -39,7 +42,24 @@ def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
     return result
 
 
+def _repair_sandboxes(deps: Deps, result: Plan, *, fix: bool) -> None:
+    """RUNNING sandboxes whose runtime went silent past their wall clock end runtime_lost
+    (through the sandbox handler, like a runtime report), which frees their slots."""
+    if deps.sandboxes is None:
+        return
+    running = deps.sandboxes.store.list(states=(SandboxState.RUNNING,), limit=1000)
+    result.sandboxes.extend(sandbox_repairs(running, deps.clock()))
+    if not fix:
+        return
+    for repair in result.sandboxes:
+        log.warning("reconcile sandbox %s: %s", repair.sandbox_id, repair.why)
+        deps.bus.publish(new_event(repair.event, source=SOURCE, id=repair.event_id,
+                                   requestid=repair.event_id))
+
+
 def summary(result: Plan) -> list[dict[str, Any]]:
     return [{"workspace_id": r.workspace_id, "why": r.why,
              "action": "release" if r.release else (type(r.event).__name__ if r.event else "")}
-            for r in result.repairs]
+            for r in result.repairs] + [
+        {"sandbox_id": r.sandbox_id, "why": r.why, "action": "SandboxFinished"}
+        for r in result.sandboxes]

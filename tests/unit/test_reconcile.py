@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from events.payloads import SnapshotFinished, WorkspaceDeleteRequested, WorkspaceRuntimeFailed
+from events.payloads import (
+    SandboxFinished,
+    SnapshotFinished,
+    WorkspaceDeleteRequested,
+    WorkspaceRuntimeFailed,
+)
 from functions.domain.lifecycle import State, Workspace
-from functions.domain.reconcile import RuntimeView, plan
+from functions.domain.reconcile import RuntimeView, plan, sandbox_repairs
+from functions.domain.sandboxes import Limits, Sandbox, SandboxState
+from functions.handlers.deps import Deps
+from functions.handlers.reconciler import reconcile, summary
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -52,3 +63,88 @@ def test_a_server_of_an_unknown_workspace_is_released_and_running_ones_kept() ->
     runtime = {"ml-a--nb": RuntimeView(True), "ml-z--ghost": RuntimeView(True)}
     repairs = plan([ws(State.RUNNING)], runtime, NOW).repairs
     assert [(r.workspace_id, r.release) for r in repairs] == [("ml-z--ghost", True)]
+
+
+# -- sandboxes whose runtime went silent ---------------------------------------------------------
+
+def sbx(sandbox_id: str, state: SandboxState, *, ran: timedelta | None, wall_clock: int = 900,
+        version: int = 2) -> Sandbox:
+    return Sandbox(id=sandbox_id, team="ml-a", requester="alice", repository="/r",
+                   command="make", base_ref="HEAD",
+                   limits=Limits(600, 2**30, wall_clock, 64), allowed_network=(),
+                   state=state, reason="admitted", requestid="r-" + sandbox_id,
+                   requested_at=NOW - timedelta(hours=3), version=version,
+                   started_at=NOW - ran if ran is not None else None)
+
+
+def test_a_silent_sandbox_past_its_wall_clock_and_grace_ends_runtime_lost() -> None:
+    lost = sbx("sbx-lost", SandboxState.RUNNING, ran=timedelta(seconds=900 + 301))
+    within_grace = sbx("sbx-late", SandboxState.RUNNING, ran=timedelta(seconds=900 + 299))
+    queued = sbx("sbx-queued", SandboxState.QUEUED, ran=None)
+    ended = sbx("sbx-ended", SandboxState.SUCCEEDED, ran=timedelta(hours=2))
+    [repair] = sandbox_repairs([lost, within_grace, queued, ended], NOW)
+    assert repair.sandbox_id == "sbx-lost"
+    assert repair.event == SandboxFinished(sandbox_id="sbx-lost", succeeded=False,
+                                           termination="runtime_lost", error=repair.event.error)
+    assert "1201s" in repair.why and "wall clock of 900s" in repair.why
+    # The id derives from the version: a second run before the first lands has one effect.
+    assert repair.event_id == "reconcile-sbx-lost-v2"
+    assert sandbox_repairs([lost], NOW)[0].event_id == repair.event_id
+    promoted_again = dataclasses.replace(lost, version=5)
+    assert sandbox_repairs([promoted_again], NOW)[0].event_id == "reconcile-sbx-lost-v5"
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def publish(self, event: Any) -> str:
+        self.events.append(event)
+        return event.id
+
+
+class _Sandboxes:
+    def __init__(self, *sandboxes: Sandbox) -> None:
+        self.sandboxes = sandboxes
+        self.asked: list[Any] = []
+
+    def list(self, *, team: str | None = None, states: Any = None,
+             limit: int = 200) -> list[Sandbox]:
+        self.asked.append(states)
+        return [s for s in self.sandboxes if states is None or s.state in states]
+
+
+class _NoWorkspaces:
+    def list_workspaces(self, **_: Any) -> list[Any]:
+        return []
+
+
+class _NothingRuns:
+    def list(self) -> list[Any]:
+        return []
+
+
+def _reconciler_deps(store: _Sandboxes | None, bus: _Recorder) -> Deps:
+    return Deps(store=_NoWorkspaces(), bus=bus, runtime=_NothingRuns(),  # type: ignore[arg-type]
+                snapshots=None, catalog=lambda: None, clock=lambda: NOW,  # type: ignore[arg-type]
+                snapshot_bucket="b", dead_letters=None,  # type: ignore[arg-type]
+                sandboxes=SimpleNamespace(store=store) if store is not None else None)
+
+
+def test_the_reconciler_publishes_runtime_lost_once_per_version_and_dry_run_publishes_none(
+) -> None:
+    lost = sbx("sbx-lost", SandboxState.RUNNING, ran=timedelta(hours=1))
+    fine = sbx("sbx-fine", SandboxState.RUNNING, ran=timedelta(minutes=1))
+    store, bus = _Sandboxes(lost, fine), _Recorder()
+    dry = reconcile(_reconciler_deps(store, bus), fix=False)
+    assert [r.sandbox_id for r in dry.sandboxes] == ["sbx-lost"] and bus.events == []
+    assert store.asked == [(SandboxState.RUNNING,)]
+    result = reconcile(_reconciler_deps(store, bus))
+    reconcile(_reconciler_deps(store, bus))
+    assert [(e.name, e.id, e.requestid, e.payload.termination) for e in bus.events] == [
+        ("sandbox.finished", "reconcile-sbx-lost-v2", "reconcile-sbx-lost-v2",
+         "runtime_lost")] * 2  # the same id twice: the handler's ledger keeps one effect
+    assert summary(result) == [{"sandbox_id": "sbx-lost", "why": result.sandboxes[0].why,
+                                "action": "SandboxFinished"}]
+    # Where sandboxes do not run, the reconciler does not ask.
+    assert not reconcile(_reconciler_deps(None, bus), fix=False)
