@@ -229,6 +229,11 @@ class JobSubmitted:
     #: The function's qualified name, for people (the code itself travels pickled).
     function: str = ""
     log_uri: str | None = None
+    #: ``kubernetes``: where the notebook put the pickled (fn, args, kwargs), which the
+    #: hosts download (``gs://BUCKET/jobs/TEAM/ID/payload.pkl``).
+    payload_uri: str | None = None
+    #: A multi-host TPU slice's topology (``4x4``); None: the profile's own.
+    topology: str | None = None
 
 
 @dataclass(frozen=True)
