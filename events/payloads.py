@@ -203,6 +203,43 @@ class SandboxFinished:
 
 
 @dataclass(frozen=True)
+class SandboxSuspended:
+    """A sandbox waited on nothing for longer than its ``idle_seconds`` limit: its task is
+    held (``method``), its CPU and its concurrency slot released, and the working copy's
+    diff so far uploaded as a checkpoint patch. sandbox.resume_requested brings it back.
+
+    ``method`` says how it is held: ``freeze`` on the local runtime (the process tree
+    frozen by the cgroup freezer or stopped by SIGSTOP; its memory stays resident, which
+    ``memory_released`` says plainly).
+    """
+
+    sandbox_id: str
+    #: How long the task had made no progress (no CPU time, no I/O) when it was suspended.
+    idle_seconds: int
+    #: The n-th suspension of this sandbox (1, 2, ...): a report older than the record is
+    #: stale and changes nothing.
+    sequence: int = 1
+    method: str = "freeze"
+    checkpoint_uri: str | None = None
+    checkpoint_bytes: int = 0
+    files_changed: list[str] = field(default_factory=list)
+    #: Run time so far, suspended time not counted, and CPU time so far.
+    elapsed_ms: int = 0
+    cpu_seconds: float = 0.0
+    memory_released: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxResumeRequested:
+    """Bring a suspended sandbox back (CLI, chat, an agent): it resumes when a slot is free."""
+
+    sandbox_id: str
+    requester: str
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True)
 class SnapshotExpired:
     """A snapshot passed its retention; its objects are to be deleted."""
 
@@ -286,6 +323,8 @@ CATALOG: dict[str, EventSpec] = {
         EventSpec("link.revoked", LinkRevoked),
         EventSpec("sandbox.requested", SandboxRequested),
         EventSpec("sandbox.finished", SandboxFinished),
+        EventSpec("sandbox.suspended", SandboxSuspended),
+        EventSpec("sandbox.resume_requested", SandboxResumeRequested),
         EventSpec("snapshot.expired", SnapshotExpired),
         EventSpec("job.submitted", JobSubmitted),
         EventSpec("job.finished", JobFinished),

@@ -89,6 +89,16 @@ def on_sandbox_finished(cloud_event):  # type: ignore[no-untyped-def]
     bootstrap.deliver("on_sandbox_finished", cloud_event)
 
 
+@functions_framework.cloud_event
+def on_sandbox_suspended(cloud_event):  # type: ignore[no-untyped-def]
+    bootstrap.deliver("on_sandbox_suspended", cloud_event)
+
+
+@functions_framework.cloud_event
+def on_sandbox_resume_requested(cloud_event):  # type: ignore[no-untyped-def]
+    bootstrap.deliver("on_sandbox_resume_requested", cloud_event)
+
+
 @functions_framework.http
 def idle_sweep(request):  # type: ignore[no-untyped-def]
     return bootstrap.idle_sweep(request)

@@ -43,6 +43,9 @@ ROUTES: dict[str, Route] = {
         Route("notify_chat", "workspace.state_changed", notify.handle),
         Route("on_sandbox_requested", "sandbox.requested", sandbox_handler.handle),
         Route("on_sandbox_finished", "sandbox.finished", sandbox_handler.handle),
+        Route("on_sandbox_suspended", "sandbox.suspended", sandbox_handler.handle),
+        Route("on_sandbox_resume_requested", "sandbox.resume_requested",
+              sandbox_handler.handle),
         Route("on_job_submitted", "job.submitted", job_handler.handle),
         Route("on_job_finished", "job.finished", job_handler.handle),
     )

@@ -35,6 +35,9 @@ class LocalSandboxRuntime:
     def start(self, spec: RunSpec) -> None:
         self._call("PUT", f"/sandboxes/{spec.sandbox_id}", json=spec.to_json())
 
+    def resume(self, spec: RunSpec) -> None:
+        self._call("POST", f"/sandboxes/{spec.sandbox_id}/resume")
+
     def cancel(self, sandbox_id: str) -> None:
         self._call("DELETE", f"/sandboxes/{sandbox_id}")
 
@@ -81,6 +84,10 @@ class NullSandboxRuntime:
             SandboxFinished(spec.sandbox_id, False, termination="failed_to_start",
                             error=self.reason, network="none: nothing ran"),
             source="//stasis/runtime/null", requestid=spec.requestid))
+
+    def resume(self, spec: RunSpec) -> None:
+        """Nothing runs here, so nothing can be resumed: answered like ``start``."""
+        self.start(spec)
 
     def cancel(self, sandbox_id: str) -> None:
         return None

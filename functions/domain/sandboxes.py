@@ -5,6 +5,9 @@ A sandbox runs one task command in its own working copy of a repository and retu
 diff against the base ref for review (never applied automatically). Its life:
 
     QUEUED -> RUNNING -> SUCCEEDED | FAILED | TIMED_OUT | KILLED
+                 ^  |
+                 |  v  (idle past its idle_seconds limit)
+               SUSPENDED  -> (cancelled, lost) KILLED | FAILED
     (a request that is refused is recorded FAILED at once, holding no slot)
 
 - **Policy** (:class:`SandboxPolicy`): limits (CPU seconds, memory, wall clock, processes)
@@ -19,6 +22,10 @@ diff against the base ref for review (never applied automatically). Its life:
   to do. The queue is first in, first out: a request never overtakes one already waiting.
 - **Completion** (:func:`finish`): the runtime's report becomes a terminal state with a
   named reason; the slot it held goes to the first queued sandbox(es).
+- **Idle** (:func:`suspend`, :func:`request_resume`): a task that makes no progress for
+  its ``idle_seconds`` is held by the runtime and reported suspended; its slot goes to
+  the queue. A resume request takes a slot when one is free, else waits in the same
+  queue as new requests (first in, first out) and is resumed, not started, when promoted.
 - **Network**: none by default. A destination is permitted when it equals a policy entry,
   falls under a ``*.suffix`` entry, or (an address or CIDR) lies inside a policy CIDR.
 
@@ -41,6 +48,8 @@ from functions.domain.catalog import Problem, Role, Team, human_bytes, parse_qua
 class SandboxState(StrEnum):
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
+    #: Held by the runtime after idling; no slot, no CPU (see sandbox.suspended).
+    SUSPENDED = "SUSPENDED"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     TIMED_OUT = "TIMED_OUT"
@@ -80,6 +89,9 @@ class Reason(StrEnum):
     CANCELLED = "cancelled"
     FAILED_TO_START = "failed_to_start"
     RUNTIME_LOST = "runtime_lost"
+    SUSPENDED_IDLE = "suspended_idle"
+    RESUMED = "resumed"
+    RESUME_QUEUED = "resume_queued"
     # refusals of a request: recorded FAILED, holding no slot
     UNKNOWN_TEAM = "unknown_team"
     NOT_A_MEMBER = "not_a_member"
@@ -94,6 +106,11 @@ class Reason(StrEnum):
     UNKNOWN_SANDBOX = "unknown_sandbox"
     ALREADY_FINISHED = "already_finished"
     NOT_STARTED = "not_started"
+    NOT_RUNNING = "not_running"
+    NOT_SUSPENDED = "not_suspended"
+    ALREADY_SUSPENDED = "already_suspended"
+    STALE_REPORT = "stale_report"
+    RESUME_ALREADY_QUEUED = "resume_already_queued"
 
 
 #: Termination -> (state, reason).
@@ -111,36 +128,51 @@ _OUTCOME: dict[Termination, tuple[SandboxState, Reason]] = {
 # Limits and policy
 # --------------------------------------------------------------------------------------------
 
-LIMIT_FIELDS = ("cpu_seconds", "memory", "wall_clock_seconds", "processes")
+LIMIT_FIELDS = ("cpu_seconds", "memory", "wall_clock_seconds", "processes", "idle_seconds")
 
 
 @dataclass(frozen=True)
 class Limits:
     """What one sandbox is held to. ``processes`` bounds how many processes it may have at
-    once (enforced where the runtime can give each sandbox a user of its own)."""
+    once (enforced where the runtime can give each sandbox a user of its own).
+    ``idle_seconds``: a task making no progress (no CPU time, no I/O) that long is
+    suspended; 0 means never, and ranks above every other value (:func:`limit_rank`)."""
 
     cpu_seconds: int
     memory_bytes: int
     wall_clock_seconds: int
     processes: int
+    idle_seconds: int = 0
 
     def to_doc(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Limits:
+        # A record admitted before idle suspension existed was never meant to be suspended.
         return cls(int(doc["cpu_seconds"]), int(doc["memory_bytes"]),
-                   int(doc["wall_clock_seconds"]), int(doc["processes"]))
+                   int(doc["wall_clock_seconds"]), int(doc["processes"]),
+                   int(doc.get("idle_seconds", 0)))
 
     def describe(self) -> str:
+        idle = (f"suspended after {self.idle_seconds} s idle" if self.idle_seconds
+                else "never suspended")
         return (f"{self.cpu_seconds} CPU s, {human_bytes(self.memory_bytes)} memory, "
-                f"{self.wall_clock_seconds} s wall clock, {self.processes} processes")
+                f"{self.wall_clock_seconds} s wall clock, {self.processes} processes, "
+                f"{idle}")
 
 
 DEFAULT_LIMITS = Limits(cpu_seconds=600, memory_bytes=2 * 2**30, wall_clock_seconds=900,
-                        processes=256)
+                        processes=256, idle_seconds=600)
 MAXIMUM_LIMITS = Limits(cpu_seconds=3600, memory_bytes=8 * 2**30, wall_clock_seconds=3600,
-                        processes=1024)
+                        processes=1024, idle_seconds=3600)
+_NAMES = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes", "idle_seconds")
+
+
+def limit_rank(name: str, value: int) -> float:
+    """A limit's value for comparisons: ``idle_seconds`` 0 (never suspend) holds compute
+    longest, so it ranks above any number of seconds."""
+    return float("inf") if name == "idle_seconds" and value == 0 else float(value)
 
 
 @dataclass(frozen=True)
@@ -191,8 +223,9 @@ def policy_problems(section: Mapping[str, Any] | None) -> list[Problem]:
     if not problems:
         for team_id in [None, *teams]:
             policy = _merged(section, team_id)
-            for name in ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes"):
-                if getattr(policy.defaults, name) > getattr(policy.maximum, name):
+            for name in _NAMES:
+                if limit_rank(name, getattr(policy.defaults, name)) > \
+                        limit_rank(name, getattr(policy.maximum, name)):
                     where = f"/sandboxes/teams/{team_id}" if team_id else "/sandboxes"
                     problems.append(Problem(
                         where, f"default {name} is above the maximum "
@@ -250,8 +283,9 @@ def _limit_value(key: str, value: Any) -> int:
         raise ValueError(f"{key} must be a whole number, got {value!r}")
     else:
         number = value
-    if number < 1:
-        raise ValueError(f"{key} must be at least 1, got {value!r}")
+    least = 0 if key == "idle_seconds" else 1
+    if number < least:
+        raise ValueError(f"{key} must be at least {least}, got {value!r}")
     return number
 
 
@@ -310,21 +344,24 @@ def resolve_limits(asked: Mapping[str, Any], policy: SandboxPolicy,
     except ValueError as exc:
         return Refusal(Reason.INVALID_LIMITS, str(exc))
     over: list[str] = []
-    for name, label in (("cpu_seconds", "cpu_seconds"), ("memory_bytes", "memory"),
-                        ("wall_clock_seconds", "wall_clock_seconds"),
-                        ("processes", "processes")):
+    for name in _NAMES:
+        label = "memory" if name == "memory_bytes" else name
         value, maximum = getattr(limits, name), getattr(policy.maximum, name)
-        if value > maximum and label in asked:
+        if limit_rank(name, value) > limit_rank(name, maximum) and label in asked:
             shown = (f"{human_bytes(value)} > {human_bytes(maximum)}" if name == "memory_bytes"
-                     else f"{value} > {maximum}")
+                     else f"{value or 'never'} > {maximum}")
             over.append(f"{label} {shown}")
     if over:
         return Refusal(Reason.LIMIT_ABOVE_MAXIMUM,
                        f"asked above team {team_id}'s sandbox maximum: {'; '.join(over)}; "
                        "ask for less or ask an admin to raise the maximum")
     # A default above the maximum cannot pass policy_problems; clamp all the same.
-    return Limits(*(min(getattr(limits, f.name), getattr(policy.maximum, f.name))
-                    for f in dataclasses.fields(Limits)))
+    return Limits(*(_lower(n, getattr(limits, n), getattr(policy.maximum, n))
+                    for n in _NAMES))
+
+
+def _lower(name: str, a: int, b: int) -> int:
+    return a if limit_rank(name, a) <= limit_rank(name, b) else b
 
 
 def destination_permitted(destination: str, permitted: Sequence[str]) -> bool:
@@ -426,6 +463,13 @@ class Sandbox:
     #: The network as the runtime enforced it (e.g. "none: loopback only"), or a plain
     #: statement that isolation is not enforced on that host.
     network: str = ""
+    #: Idle suspension: when the current one began (None: not suspended), the time spent
+    #: suspended before it, how many there were, and the latest checkpoint patch.
+    suspended_at: datetime | None = None
+    suspended_ms: int = 0
+    suspensions: int = 0
+    checkpoint_uri: str | None = None
+    checkpoint_bytes: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -487,12 +531,28 @@ class Report:
 
 
 @dataclass(frozen=True)
+class Suspension:
+    """A sandbox.suspended event's payload, as the idle rules see it."""
+
+    sandbox_id: str
+    idle_seconds: int
+    sequence: int = 1
+    method: str = "freeze"
+    checkpoint_uri: str | None = None
+    checkpoint_bytes: int = 0
+    files_changed: tuple[str, ...] = ()
+    cpu_seconds: float = 0.0
+    memory_released: bool = False
+
+
+@dataclass(frozen=True)
 class Decision:
     """What to write and what to start.
 
     ``sandboxes``: records to write (the subject first, then promoted ones); ``queue``: the
     team's new queue (None: unchanged); ``start``: ids the runtime must start now, in
-    order; ``positions``: every still-queued id with its new 1-based position and message.
+    order; ``resume``: suspended ids the runtime must resume now; ``positions``: every
+    still-queued id with its new 1-based position and message.
     """
 
     accepted: bool
@@ -502,6 +562,7 @@ class Decision:
     queue: TeamQueue | None = None
     start: tuple[str, ...] = ()
     positions: tuple[tuple[str, int, str], ...] = ()
+    resume: tuple[str, ...] = ()
 
     @property
     def subject(self) -> Sandbox | None:
@@ -644,26 +705,163 @@ def finish(sandbox: Sandbox | None, report: Report, *, policy: SandboxPolicy | R
         base_sha=report.base_sha, duration_ms=report.duration_ms,
         cpu_seconds=report.cpu_seconds, peak_memory_bytes=report.peak_memory_bytes,
         network=report.network, queue_position=None)
+    if sandbox.suspended_at is not None:
+        # Ended while held (cancelled, lost): the time held is not run time.
+        ended = dataclasses.replace(
+            ended, suspended_at=None,
+            suspended_ms=sandbox.suspended_ms + _ms(now - sandbox.suspended_at))
     ended = dataclasses.replace(ended, message=review_message(ended))
+    # A sandbox suspended with its resume queued leaves the queue as well.
+    freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id),
+                      tuple(q for q in queue.queued if q != sandbox.id))
+    return _released(ended, reason, freed, policy, load, now)
+
+
+def _released(subject: Sandbox, reason: Reason, freed: TeamQueue,
+              policy: SandboxPolicy | Refusal, load: Callable[[str], Sandbox | None],
+              now: datetime) -> Decision:
+    """``subject`` gave up its slot: fill the free slots from the queue, first come first
+    served, starting queued sandboxes and resuming suspended ones."""
     # A broken policy must not strand the queue: promote under the default cap.
     cap = policy if isinstance(policy, SandboxPolicy) else DEFAULT_POLICY
-    freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id), queue.queued)
-    filled, promoted_ids = _fill(freed, cap)
+    filled, promoted = _promote(freed, cap, load, now)
+    return Decision(True, reason, subject.message, (subject, *promoted), filled,
+                    start=tuple(p.id for p in promoted if p.reason == Reason.PROMOTED),
+                    resume=tuple(p.id for p in promoted if p.reason == Reason.RESUMED),
+                    positions=_positions(subject.team, filled, cap))
+
+
+def _promote(queue: TeamQueue, policy: SandboxPolicy, load: Callable[[str], Sandbox | None],
+             now: datetime) -> tuple[TeamQueue, list[Sandbox]]:
+    filled, promoted_ids = _fill(queue, policy)
     promoted: list[Sandbox] = []
     for sandbox_id in promoted_ids:
         waiting = load(sandbox_id)
-        if waiting is None or waiting.state != SandboxState.QUEUED:
-            # A queue entry without its queued record (should not happen): drop it.
+        if waiting is not None and waiting.state == SandboxState.QUEUED:
+            promoted.append(dataclasses.replace(
+                waiting, state=SandboxState.RUNNING, reason=str(Reason.PROMOTED),
+                version=waiting.version + 1, started_at=now, queue_position=None,
+                message=f"running after {_waited(waiting, now)} in the queue; limits "
+                        f"{waiting.limits.describe()}"))
+        elif waiting is not None and waiting.state == SandboxState.SUSPENDED:
+            promoted.append(_resumed(waiting, now, queued=True))
+        else:
+            # A queue entry without its waiting record (should not happen): drop it.
             filled = TeamQueue(tuple(r for r in filled.running if r != sandbox_id),
                                filled.queued)
-            continue
-        promoted.append(dataclasses.replace(
-            waiting, state=SandboxState.RUNNING, reason=str(Reason.PROMOTED),
-            version=waiting.version + 1, started_at=now, queue_position=None,
-            message=f"running after {_waited(waiting, now)} in the queue; limits "
-                    f"{waiting.limits.describe()}"))
-    return Decision(True, reason, ended.message, (ended, *promoted), filled,
-                    start=tuple(p.id for p in promoted),
+    return filled, promoted
+
+
+def _resumed(sandbox: Sandbox, now: datetime, *, queued: bool) -> Sandbox:
+    held = _ms(now - sandbox.suspended_at) if sandbox.suspended_at is not None else 0
+    waited = " (its resume waited for a slot)" if queued else ""
+    return dataclasses.replace(
+        sandbox, state=SandboxState.RUNNING, reason=str(Reason.RESUMED),
+        version=sandbox.version + 1, suspended_at=None, suspended_ms=sandbox.suspended_ms + held,
+        queue_position=None,
+        message=f"resumed after {held // 1000} s suspended{waited}; limits "
+                f"{sandbox.limits.describe()}")
+
+
+def _ms(delta: timedelta) -> int:
+    return max(0, int(delta.total_seconds() * 1000))
+
+
+# --------------------------------------------------------------------------------------------
+# Idle suspension and resume
+# --------------------------------------------------------------------------------------------
+
+
+def suspend(sandbox: Sandbox | None, report: Suspension, *, policy: SandboxPolicy | Refusal,
+            queue: TeamQueue, load: Callable[[str], Sandbox | None],
+            now: datetime) -> Decision:
+    """Record that the runtime holds an idle sandbox: SUSPENDED, its slot to the queue."""
+    if sandbox is None:
+        return Decision(False, Reason.UNKNOWN_SANDBOX,
+                        f"no sandbox {report.sandbox_id}: a suspension of a sandbox never "
+                        "admitted")
+    if sandbox.terminal:
+        return Decision(False, Reason.ALREADY_FINISHED,
+                        f"sandbox {sandbox.id} already ended {sandbox.state} ({sandbox.reason})")
+    if report.sequence <= sandbox.suspensions:
+        # An older suspension arriving late (the sandbox was resumed since): nothing to do.
+        return Decision(False, Reason.STALE_REPORT,
+                        f"suspension {report.sequence} of sandbox {sandbox.id} is not newer "
+                        f"than the {sandbox.suspensions} recorded: ignored")
+    if sandbox.state == SandboxState.SUSPENDED:
+        return Decision(False, Reason.ALREADY_SUSPENDED,
+                        f"sandbox {sandbox.id} is already suspended")
+    if sandbox.state != SandboxState.RUNNING:
+        # Only a running task can idle; a queued one never reached the runtime.
+        return Decision(False, Reason.NOT_RUNNING,
+                        f"sandbox {sandbox.id} is {sandbox.state}, not running: "
+                        "suspension ignored")
+    held = dataclasses.replace(
+        sandbox, state=SandboxState.SUSPENDED, reason=str(Reason.SUSPENDED_IDLE),
+        version=sandbox.version + 1, suspended_at=now, suspensions=report.sequence,
+        checkpoint_uri=report.checkpoint_uri or sandbox.checkpoint_uri,
+        checkpoint_bytes=report.checkpoint_bytes if report.checkpoint_uri
+        else sandbox.checkpoint_bytes,
+        files_changed=tuple(report.files_changed) or sandbox.files_changed,
+        cpu_seconds=max(sandbox.cpu_seconds, report.cpu_seconds))
+    held = dataclasses.replace(held, message=suspended_message(held, report))
+    freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id), queue.queued)
+    return _released(held, Reason.SUSPENDED_IDLE, freed, policy, load, now)
+
+
+def suspended_message(sandbox: Sandbox, report: Suspension) -> str:
+    memory = ("memory released" if report.memory_released
+              else "its memory stays resident on the node")
+    checkpoint = (f"; its changes so far ({len(sandbox.files_changed)} files, "
+                  f"{sandbox.checkpoint_bytes} bytes) are at {sandbox.checkpoint_uri}"
+                  if sandbox.checkpoint_uri and sandbox.checkpoint_bytes else "")
+    return (f"suspended after {report.idle_seconds} s without progress ({report.method}): "
+            f"CPU and slot released, {memory}{checkpoint}; resume with "
+            f"stasis sandbox resume {sandbox.id}")
+
+
+def request_resume(sandbox: Sandbox | None, sandbox_id: str, requester: str, *,
+                   team: Team | None, policy: SandboxPolicy | Refusal, queue: TeamQueue,
+                   now: datetime) -> Decision:
+    """A user asks to resume a suspended sandbox: RUNNING when a slot is free (the runtime
+    resumes it), else it waits in the team's queue with a position."""
+    if sandbox is None:
+        return Decision(False, Reason.UNKNOWN_SANDBOX, f"no sandbox {sandbox_id}")
+    if team is None:
+        return Decision(False, Reason.UNKNOWN_TEAM, f"there is no team {sandbox.team}")
+    member = team.member(requester)
+    if member is None:
+        return Decision(False, Reason.NOT_A_MEMBER,
+                        f"{requester} is not a member of team {team.id}; ask {team.who_to_ask}")
+    if member.role == Role.VIEWER:
+        return Decision(False, Reason.READ_ONLY_MEMBER,
+                        f"{requester} may only view team {team.id}'s work; ask "
+                        f"{team.who_to_ask} for the member role")
+    if sandbox.terminal:
+        return Decision(False, Reason.ALREADY_FINISHED,
+                        f"sandbox {sandbox.id} already ended {sandbox.state} ({sandbox.reason})")
+    if sandbox.state != SandboxState.SUSPENDED:
+        return Decision(False, Reason.NOT_SUSPENDED,
+                        f"sandbox {sandbox.id} is {sandbox.state}, not suspended: "
+                        "nothing to resume")
+    cap = policy if isinstance(policy, SandboxPolicy) else DEFAULT_POLICY
+    if sandbox.id in queue.queued:
+        where = queued_message(sandbox.team, queue.position(sandbox.id) or 0, queue, cap)
+        return Decision(False, Reason.RESUME_ALREADY_QUEUED,
+                        f"sandbox {sandbox.id}'s resume already waits: {where}")
+    # Not bounded by max_queued: that bound is on new work, and this sandbox exists and
+    # holds memory already; refusing its resume would only strand it.
+    filled, promoted = _fill(TeamQueue(queue.running, (*queue.queued, sandbox.id)), cap)
+    if sandbox.id in promoted:
+        record = _resumed(sandbox, now, queued=False)
+        return Decision(True, Reason.RESUMED, record.message, (record,), filled,
+                        resume=(sandbox.id,), positions=_positions(sandbox.team, filled, cap))
+    position = filled.position(sandbox.id) or 0
+    record = dataclasses.replace(
+        sandbox, reason=str(Reason.RESUME_QUEUED), version=sandbox.version + 1,
+        queue_position=position,
+        message="resume " + queued_message(sandbox.team, position, filled, cap))
+    return Decision(True, Reason.RESUME_QUEUED, record.message, (record,), filled,
                     positions=_positions(sandbox.team, filled, cap))
 
 
@@ -707,9 +905,11 @@ def overdue(sandboxes: Sequence[Sandbox], now: datetime,
             grace: timedelta = timedelta(minutes=5)) -> list[Sandbox]:
     """RUNNING sandboxes past their wall clock by more than ``grace``: their runtime never
     reported. A reconciler reports them ``runtime_lost`` so their slots are freed."""
+    # Suspended time is not run time: the wall clock stops while a sandbox is held.
     return [s for s in sandboxes
             if s.state == SandboxState.RUNNING and s.started_at is not None
-            and now - s.started_at > timedelta(seconds=s.limits.wall_clock_seconds) + grace]
+            and now - s.started_at - timedelta(milliseconds=s.suspended_ms)
+            > timedelta(seconds=s.limits.wall_clock_seconds) + grace]
 
 
 @dataclass(frozen=True)

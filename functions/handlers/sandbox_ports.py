@@ -4,7 +4,9 @@
 adapters (``functions.adapters.sandbox_store``, ``functions.adapters.sandbox_runtime``).
 A runtime's ``start`` returns once the sandbox is accepted; the outcome comes back as a
 sandbox.finished event. ``start`` is idempotent per sandbox id and request, so an outbox
-sent again after a crash starts nothing twice.
+sent again after a crash starts nothing twice. A runtime that holds an idle sandbox says so
+with sandbox.suspended; ``resume`` lets it go on (idempotent too: resuming a sandbox that
+runs already changes nothing).
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class SandboxRuntime(Protocol):
 
     def start(self, spec: RunSpec) -> None:
         """Accept the sandbox (RuntimeUnavailable: retry; RuntimeRefused: never)."""
+        ...
+
+    def resume(self, spec: RunSpec) -> None:
+        """Let a suspended sandbox go on (RuntimeUnavailable: retry; RuntimeRefused: the
+        runtime no longer has it)."""
         ...
 
     def cancel(self, sandbox_id: str) -> None: ...

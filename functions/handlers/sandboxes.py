@@ -1,9 +1,11 @@
-"""Sandbox handler: admission on sandbox.requested, completion on sandbox.finished.
+"""Sandbox handler: admission on sandbox.requested, completion on sandbox.finished, idle
+suspension on sandbox.suspended and resume on sandbox.resume_requested.
 
 load (in the transaction: the sandbox, the team's queue, the policy) -> decide
 (``functions.domain.sandboxes``) -> persist (same transaction: ``sandboxes/{id}``, the
 queue ``sandbox_queues/{team}``, the positions of those still waiting, an audit entry, the
-ledger with its outbox) -> start what was admitted -> mark the ledger entry done.
+ledger with its outbox) -> start what was admitted, resume what was promoted -> mark the
+ledger entry done.
 
 The requester is told through Firestore and the event itself: ``sandboxes/{id}.message``
 says what happened and how to review the patch (``stasis sandbox show ID``), and
@@ -12,7 +14,12 @@ sandbox.finished is on its own topic, where a notifier (chat) can subscribe; a s
 
 A runtime that refuses to start a sandbox (a repository path that does not exist on the
 node, say) is answered like the runtime would: a sandbox.finished ``failed_to_start`` is
-published, so the sandbox is recorded FAILED and its slot goes to the next one.
+published, so the sandbox is recorded FAILED and its slot goes to the next one. A runtime
+that no longer has a sandbox it is asked to resume is answered the same way, with
+``runtime_lost``.
+
+Each suspension of a sandbox is its own request to the ledger: the runtime publishes the
+n-th one with the requestid ``<the sandbox's requestid>.suspend-<n>``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from events import Event, SandboxFinished, SandboxRequested, new_event
+from events import (
+    Event,
+    SandboxFinished,
+    SandboxRequested,
+    SandboxResumeRequested,
+    SandboxSuspended,
+    new_event,
+)
 from functions.domain.catalog import Catalog
 from functions.domain.sandboxes import (
     Decision,
@@ -28,10 +42,13 @@ from functions.domain.sandboxes import (
     Request,
     RunSpec,
     SandboxState,
+    Suspension,
     TeamQueue,
     admit,
     finish,
+    request_resume,
     resolve_policy,
+    suspend,
 )
 from functions.handlers.deps import Deps
 from functions.handlers.sandbox_ports import SandboxDeps, SandboxView
@@ -44,11 +61,15 @@ QUEUES = "sandbox_queues"
 
 
 def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
-    """Apply sandbox.requested or sandbox.finished; the decision (None: a duplicate)."""
+    """Apply a sandbox event; the decision (None: a duplicate)."""
     if isinstance(event.payload, SandboxRequested):
         return _requested(event, event.payload, deps, consumer)
     if isinstance(event.payload, SandboxFinished):
         return _finished(event, event.payload, deps, consumer)
+    if isinstance(event.payload, SandboxSuspended):
+        return _suspended(event, event.payload, deps, consumer)
+    if isinstance(event.payload, SandboxResumeRequested):
+        return _resume_requested(event, event.payload, deps, consumer)
     raise TypeError(f"the sandbox handler does not take {event.name}")
 
 
@@ -75,7 +96,7 @@ def _requested(event: Event[Any], payload: SandboxRequested, deps: Deps,
                          queue=view.queue(payload.team), existing=view.sandbox(request.sandbox_id),
                          now=now)
         _persist(view, decision, event, payload.team, payload.requester, now)
-        return [{"start": s} for s in decision.start], decision
+        return _outbox(decision), decision
 
     return _run(event, deps, consumer, payload.sandbox_id, decide, now)
 
@@ -99,9 +120,55 @@ def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
         decision = finish(sandbox, report, policy=policy, queue=queue or TeamQueue(),
                           load=view.sandbox, now=now)
         _persist(view, decision, event, team, event.source, now)
-        return [{"start": s} for s in decision.start], decision
+        return _outbox(decision), decision
 
     return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
+def _suspended(event: Event[Any], payload: SandboxSuspended, deps: Deps,
+               consumer: str) -> Decision | None:
+    now = deps.clock()
+    report = Suspension(
+        sandbox_id=payload.sandbox_id, idle_seconds=payload.idle_seconds,
+        sequence=payload.sequence, method=payload.method,
+        checkpoint_uri=payload.checkpoint_uri, checkpoint_bytes=payload.checkpoint_bytes,
+        files_changed=tuple(payload.files_changed), cpu_seconds=payload.cpu_seconds,
+        memory_released=payload.memory_released)
+
+    def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
+        sandbox = view.sandbox(payload.sandbox_id)
+        team = sandbox.team if sandbox is not None else ""
+        policy = resolve_policy(view.policy_section(), team)
+        queue = view.queue(team) if sandbox is not None else TeamQueue()
+        decision = suspend(sandbox, report, policy=policy, queue=queue, load=view.sandbox,
+                           now=now)
+        _persist(view, decision, event, team, event.source, now)
+        return _outbox(decision), decision
+
+    return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
+def _resume_requested(event: Event[Any], payload: SandboxResumeRequested, deps: Deps,
+                      consumer: str) -> Decision | None:
+    now = deps.clock()
+    catalog: Catalog = deps.catalog()
+
+    def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
+        sandbox = view.sandbox(payload.sandbox_id)
+        team = sandbox.team if sandbox is not None else ""
+        policy = resolve_policy(view.policy_section(), team)
+        queue = view.queue(team) if sandbox is not None else TeamQueue()
+        decision = request_resume(sandbox, payload.sandbox_id, payload.requester,
+                                  team=catalog.teams.get(team), policy=policy, queue=queue,
+                                  now=now)
+        _persist(view, decision, event, team, payload.requester, now)
+        return _outbox(decision), decision
+
+    return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
+def _outbox(decision: Decision) -> list[dict[str, Any]]:
+    return [*({"start": s} for s in decision.start), *({"resume": s} for s in decision.resume)]
 
 
 def _run(event: Event[Any], deps: Deps, consumer: str, subject: str, decide: Any,
@@ -142,20 +209,26 @@ def _persist(view: SandboxView, decision: Decision, event: Event[Any], team: str
         "state": str(subject.state) if subject is not None else None,
         "queue_position": subject.queue_position if subject is not None else None,
         "started": list(decision.start),
+        "resumed": list(decision.resume),
     })
 
 
 def _send(outbox: list[dict[str, Any]], deps: Deps, event: Event[Any]) -> None:
     sandboxes = _sandboxes(deps)
     for item in outbox:
-        sandbox = sandboxes.store.get(item["start"])
+        resuming = "resume" in item
+        sandbox = sandboxes.store.get(item["resume"] if resuming else item["start"])
         if sandbox is None or sandbox.state != SandboxState.RUNNING:
-            continue  # it ended meanwhile (a redelivered outbox): nothing to start
+            continue  # it ended or was held meanwhile (a redelivered outbox): nothing to do
         spec = RunSpec.of(sandbox, deps.snapshot_bucket)
         try:
-            sandboxes.runtime.start(spec)
+            if resuming:
+                sandboxes.runtime.resume(spec)
+            else:
+                sandboxes.runtime.start(spec)
         except RuntimeRefused as exc:
             # Permanent: report it as the runtime would, so the slot is freed.
-            failure = SandboxFinished(sandbox.id, False, termination="failed_to_start",
-                                      error=f"the runtime refused it: {exc}")
+            failure = SandboxFinished(
+                sandbox.id, False, termination="runtime_lost" if resuming else "failed_to_start",
+                error=f"the runtime refused to {'resume' if resuming else 'start'} it: {exc}")
             deps.bus.publish(new_event(failure, source=SOURCE, requestid=sandbox.requestid))

@@ -72,7 +72,7 @@ def admitted(catalog: Catalog, sandbox_id: str, queue: TeamQueue,
 
 def test_no_policy_section_means_the_defaults() -> None:
     assert resolve_policy(None, "ml-a") == DEFAULT_POLICY
-    assert DEFAULT_POLICY.defaults == Limits(600, 2 * GiB, 900, 256)
+    assert DEFAULT_POLICY.defaults == Limits(600, 2 * GiB, 900, 256, idle_seconds=600)
     assert DEFAULT_POLICY.concurrency == 2 and DEFAULT_POLICY.network == ()
 
 
