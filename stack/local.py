@@ -79,6 +79,20 @@ def host_spec(settings: Settings, runtime: str) -> processes.ServiceSpec:
     )
 
 
+def scheduler_spec(settings: Settings) -> processes.ServiceSpec:
+    """The local Cloud Scheduler (``stack.scheduler``): the scheduled HTTP functions on the
+    schedules Terraform gives them."""
+    return processes.ServiceSpec(
+        name="scheduler",
+        argv=(sys.executable, "-m", "stack.scheduler", "--port", str(settings.scheduler_port),
+              "--functions-url", settings.functions_url),
+        ready_url=f"{settings.url('scheduler')}/",
+        data_dir=settings.data_dir,
+        env=_service_env(settings, "local"),
+        cwd=ROOT,
+    )
+
+
 def agent_spec(settings: Settings) -> processes.ServiceSpec:
     return processes.ServiceSpec(
         name="node-agent",
@@ -123,7 +137,7 @@ def up(
     report.seconds["topology"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    specs = [host_spec(settings, runtime), chat.sink_spec(settings)]
+    specs = [host_spec(settings, runtime), chat.sink_spec(settings), scheduler_spec(settings)]
     if runtime == "local":
         specs.append(agent_spec(settings))
     try:

@@ -18,6 +18,7 @@ Variables (all optional):
 | STASIS_NODE_AGENT_PORT    | 8714                 |
 | STASIS_SLACK_SINK_PORT    | 8715                 |
 | STASIS_DASHBOARD_PORT     | 8716 (reserved)      |
+| STASIS_SCHEDULER_PORT     | 8717                 |
 | STASIS_SNAPSHOT_BUCKET    | stasis-snapshots     |
 | STASIS_GCLOUD_SDK_ROOT    | /usr/lib/google-cloud-sdk |
 """
@@ -46,6 +47,7 @@ DEFAULT_PORTS: Mapping[str, int] = {
     "node_agent": 8714,
     "slack_sink": 8715,
     "dashboard": 8716,
+    "scheduler": 8717,
 }
 
 
@@ -65,6 +67,7 @@ class Settings:
     node_agent_port: int = DEFAULT_PORTS["node_agent"]
     slack_sink_port: int = DEFAULT_PORTS["slack_sink"]
     dashboard_port: int = DEFAULT_PORTS["dashboard"]
+    scheduler_port: int = DEFAULT_PORTS["scheduler"]
     snapshot_bucket: str = DEFAULT_SNAPSHOT_BUCKET
     sdk_root: Path = Path(DEFAULT_SDK_ROOT)
 

@@ -20,6 +20,7 @@ import pytest
 from google.cloud import firestore, pubsub_v1
 
 from stack import local, processes
+from stack.scheduler import schedules
 from stack.settings import DEFAULT_PORTS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,9 @@ def start_stack(tmp: Path, runtime: str) -> Iterator[Stack]:
     saved = dict(os.environ)
     env_vars = {"STASIS_DATA_DIR": str(settings.data_dir), "STASIS_PROJECT": settings.project,
                 **{f"STASIS_{name.upper()}_PORT": str(port)
-                   for name, port in settings.ports().items()}}
+                   for name, port in settings.ports().items()},
+                # No scheduled sweeps under a test: each test calls what it checks.
+                **{f"STASIS_SCHEDULE_{name.upper()}": "" for name in schedules()}}
     os.environ.update(env_vars)
     try:
         local.up(settings, runtime=runtime)
