@@ -7,14 +7,33 @@ workspace like the kernel's own children. (The node agent is not involved: it wo
 to receive the pickled function over HTTP and stream the logs back, for no gain on one
 machine; on GKE the same call becomes a JobSet, ``functions.domain.jobset``.)
 
-Each host is ``python -m runtime.local.jobs --payload P --out DIR`` with ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``: it
-unpickles ``(fn, args, kwargs)`` (cloudpickle), joins the process group
-(``torch.distributed``, gloo backend, TCP rendezvous on loopback, when torch is installed),
-calls ``fn(*args, **kwargs)`` and, on host 0, pickles the return value. Every line a host
-prints (stdout and stderr) is kept prefixed ``[host N] `` in order of arrival and in
-``DIR/log.txt``. The first host to exit non-zero fails the job: the others are killed (they
-would wait forever in a collective) and the error names the host and ends with its log.
+Each host is ``python -m runtime.local.jobs --payload P --out DIR`` with the environment
+both frameworks read, the names the GKE JobSet uses (``functions.domain.jobset``):
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1`` and a free
+``MASTER_PORT`` for ``torch.distributed``; ``JAX_COORDINATOR_ADDRESS=127.0.0.1:<another
+free port>``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` for ``jax.distributed``. It
+unpickles ``(fn, args, kwargs)`` (cloudpickle), joins the distributed system of the job's
+``framework`` (``STASIS_JOB_FRAMEWORK``), calls ``fn(*args, **kwargs)`` and, on host 0,
+pickles the return value:
+
+- ``torch`` (the default): a ``torch.distributed`` process group, gloo backend, TCP
+  rendezvous on loopback, when torch is installed (JAX is not imported);
+- ``jax``: :func:`jax_initialize` (gloo CPU collectives, the coordinator on host 0, bound to
+  loopback), so ``jax.devices()`` are every host's devices (torch is not imported);
+- ``none``: nothing; the function may still call :func:`jax_initialize` itself, first thing.
+
+Every line a host prints (stdout and stderr) is kept prefixed ``[host N] `` in order of
+arrival and in ``DIR/log.txt``. The first host to exit non-zero fails the job: the others
+are killed (they would wait forever in a collective) and the error names the host and ends
+with its log.
+
+A job lives as long as the kernel that started it. Each host watches its parent and kills
+its own process group once the kernel is gone (a restart, a crash), within a second; and
+pausing or deleting the workspace stops every process of its server, job hosts included
+(``runtime.local.servers.stop``: descendants and the ``STASIS_SERVER_INSTANCE`` marker they
+inherit). A job is never paused with its workspace: it ends, and since the kernel that
+would report ``job.finished`` is gone, the reconciler reports it (``runtime_lost``, see
+``functions.domain.reconcile.lost_jobs``) and the team's accelerators go back.
 """
 
 from __future__ import annotations
@@ -41,6 +60,9 @@ import cloudpickle
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULT = "result.pkl"
 LOG_TAIL_LINES = 40
+FRAMEWORKS = ("torch", "jax", "none")
+#: How often a host checks that the kernel that started it is still there.
+PARENT_POLL_S = 0.5
 
 
 class JobFailed(RuntimeError):
@@ -71,10 +93,14 @@ class LocalJob:
                  kwargs: Mapping[str, Any] | None = None, *, hosts: int = 1,
                  job_id: str | None = None, workdir: str | Path | None = None,
                  cwd: str | Path | None = None, env: Mapping[str, str] | None = None,
-                 python: str = sys.executable,
+                 python: str = sys.executable, framework: str = "torch",
                  on_finish: Callable[[LocalJob], None] | None = None) -> None:
         if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
             raise ValueError(f"hosts must be a whole number >= 1, got {hosts!r}")
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, "
+                             f"got {framework!r}")
+        self.framework = framework
         self.id = job_id or new_job_id()
         self.hosts = hosts
         self.dir = Path(workdir or tempfile.mkdtemp(prefix=f"stasis-{self.id}-"))
@@ -101,12 +127,17 @@ class LocalJob:
     def log_path(self) -> Path:
         return self.dir / "log.txt"
 
+    @property
+    def pids(self) -> list[int]:
+        """The hosts' process ids, host 0 first (empty before ``start``)."""
+        return [proc.pid for proc in self._procs]
+
     # -- running ---------------------------------------------------------------------
 
     def start(self) -> LocalJob:
         payload = self.dir / "payload.pkl"
         payload.write_bytes(cloudpickle.dumps((self._fn, self._args, self._kwargs)))
-        port = free_port()
+        port, jax_port = free_port(), free_port()
         pythonpath = os.pathsep.join(p for p in (str(self.cwd), str(REPO_ROOT),
                                                  os.environ.get("PYTHONPATH", "")) if p)
         self.started_at = time.time()
@@ -115,6 +146,12 @@ class LocalJob:
             env = {**os.environ, **self._env, "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(self.hosts), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), "STASIS_JOB_ID": self.id,
+                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{jax_port}",
+                   # JAX binds its coordinator to every interface unless told otherwise
+                   "JAX_COORDINATOR_BIND_ADDRESS": f"127.0.0.1:{jax_port}",
+                   "JAX_NUM_PROCESSES": str(self.hosts), "JAX_PROCESS_ID": str(rank),
+                   "STASIS_JOB_FRAMEWORK": self.framework,
+                   "STASIS_JOB_PARENT_PID": str(os.getpid()),
                    "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1",
                    # one CPU thread per host: hosts share the machine's cores
                    "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1")}
@@ -253,18 +290,68 @@ class LocalJob:
 # -- one host ------------------------------------------------------------------------
 
 
+def jax_initialize() -> None:
+    """Join this job's JAX distributed system (no-op when already joined).
+
+    Reads ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (set
+    for every host, here and in the GKE JobSet). On CPU, cross-process collectives go over
+    gloo. Call it before anything else touches JAX (its backend is chosen on first use).
+    """
+    import jax
+
+    if jax.distributed.is_initialized():
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["JAX_PROCESS_ID"]))
+
+
+def _jax_shutdown() -> None:
+    """Leave JAX's distributed system together, if the job (or the function) joined it:
+    host 0 runs the coordinator, so nobody may exit while another still needs it."""
+    jax = sys.modules.get("jax")
+    if jax is None or not jax.distributed.is_initialized():
+        return
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("stasis-job-end")
+    jax.distributed.shutdown()
+
+
+def _watch_parent() -> None:
+    """End this host (its whole process group) once the kernel that started it is gone:
+    its output has nowhere to go and nobody would report or cancel it."""
+    parent = os.environ.get("STASIS_JOB_PARENT_PID")
+    if not parent or os.getppid() != int(parent):
+        return  # not started by a LocalJob (e.g. a GKE pod), or already orphaned
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(PARENT_POLL_S)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="stasis-parent-watch").start()
+
+
 def _host_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one host of a Stasis job")
     parser.add_argument("--payload", required=True)
     parser.add_argument("--out", required=True)
     ns = parser.parse_args(argv)
+    _watch_parent()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    framework = os.environ.get("STASIS_JOB_FRAMEWORK", "torch")
     dist: Any = None
+    if framework == "torch":
+        try:
+            import torch.distributed as dist
+        except ImportError:  # a job without torch still runs; it just has no process group
+            dist = None
     try:
-        import torch.distributed as dist
-    except ImportError:  # a job without torch still runs; it just has no process group
-        dist = None
-    try:
+        if framework == "jax":
+            jax_initialize()
         if dist is not None:
             dist.init_process_group(
                 "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:"
@@ -280,6 +367,7 @@ def _host_main(argv: Sequence[str] | None = None) -> int:
         if dist is not None:
             dist.barrier()  # nobody leaves while another host may still talk to it
             dist.destroy_process_group()
+        _jax_shutdown()
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
