@@ -48,8 +48,10 @@ def link() -> None:
 @_team
 @click.option("--ttl", default=None, help="How long it works: 30m, 1h (default), 2h30m; "
                                           "capped by policy (12h).")
-@click.option("--scope", type=click.Choice(["exec", "read"]), default="exec", show_default=True,
-              help="exec: run code and use the Jupyter API; read: read the Jupyter API only.")
+@click.option("--scope", type=click.Choice(["exec", "read", "sandbox"]), default="exec",
+              show_default=True,
+              help="exec: run code, use the Jupyter API and request sandboxes; read: read the "
+                   "Jupyter API only; sandbox: request agent sandboxes for the team only.")
 @_as
 @_json
 def link_create(name: str, team: str | None, ttl: str | None, scope: str,

@@ -188,3 +188,31 @@ class MemoryLinkStore:
 
     def resume_outcome(self, event: Any) -> Any:
         return self.outcomes.get(event.requestid)
+
+
+class MemorySandboxResults:
+    """The SandboxResults port in memory: sandbox documents, the handler's verdicts by
+    request id (set by a test, e.g. from a bus hook), objects by ``gs://`` URI."""
+
+    def __init__(self) -> None:
+        self.docs: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.objects: dict[str, bytes] = {}
+        self.asked_outcome = 0
+
+    def sandbox(self, sandbox_id: str) -> Any:
+        return self.docs.get(sandbox_id)
+
+    def list_sandboxes(self, team: str, requester: str, limit: int = 50) -> list[Any]:
+        return [d for d in self.docs.values()
+                if d.get("team") == team and d.get("requester") == requester][:limit]
+
+    def request_outcome(self, event: Any) -> Any:
+        self.asked_outcome += 1
+        return self.outcomes.get(event.requestid)
+
+    def read_object(self, uri: str, *, limit: int, tail: bool = False) -> tuple[bytes, bool]:
+        if uri not in self.objects:
+            raise FileNotFoundError(uri)
+        data = self.objects[uri]
+        return (data[-limit:] if tail else data[:limit]), len(data) > limit

@@ -1,8 +1,9 @@
 """Revocable links for coding agents: the pure rules.
 
-A link lets a coding agent on a laptop run code in one workspace (scope ``exec``) or read
-its Jupyter REST API (scope ``read``) with nothing but a URL. What this module decides,
-with no I/O (time is passed in):
+A link lets a coding agent on a laptop run code in one workspace (scope ``exec``), read
+its Jupyter REST API (scope ``read``) or hand tasks to agent sandboxes for the workspace's
+team (scope ``sandbox``; ``exec`` may too) with nothing but a URL. What this module
+decides, with no I/O (time is passed in):
 
 - **The token.** ``stasis_`` + 43 URL-safe characters (``secrets.token_urlsafe(32)``: 256
   random bits). The prefix makes a leaked token recognisable by secret scanners and lets the
@@ -22,6 +23,13 @@ with no I/O (time is passed in):
 - **The per-request check** (:func:`check_request`): an early-return ladder over the link,
   the creator's current role and the workspace, ending in a :class:`Verdict` whose
   :class:`Reason` maps to one HTTP status (:data:`HTTP_STATUS`).
+- **Sandboxes through a link** (:data:`Operation.SANDBOX`): a request runs as the link's
+  creator in the link's team. ``exec`` allows it, since an exec link already runs any code
+  with the workspace's rights and a sandbox is strictly more confined; ``read`` does not,
+  since a sandbox spends the team's compute; ``sandbox`` allows only this, for an agent that
+  delegates tasks but must not touch the notebook's kernel or files. A sandbox does not run
+  in the workspace, so the workspace's state does not matter (a paused one stays paused:
+  the tasks go on after the user logged off); a deleted workspace takes its links along.
 - **Rate limits**: token-bucket arithmetic (:func:`take`) for the per-link limit and for
   the per-client budget of failed attempts (brute force).
 
@@ -57,6 +65,7 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 class Scope(StrEnum):
     EXEC = "exec"
     READ = "read"
+    SANDBOX = "sandbox"
 
 
 class Operation(StrEnum):
@@ -65,11 +74,14 @@ class Operation(StrEnum):
     EXECUTE = "execute"  # run code in a kernel
     READ = "read"  # GET the link's info or the Jupyter REST API
     WRITE = "write"  # any other method on the Jupyter REST API
+    SANDBOX = "sandbox"  # request an agent sandbox for the team, read its result
 
 
 SCOPE_OPERATIONS: Mapping[Scope, frozenset[Operation]] = {
-    Scope.EXEC: frozenset({Operation.EXECUTE, Operation.READ, Operation.WRITE}),
+    Scope.EXEC: frozenset({Operation.EXECUTE, Operation.READ, Operation.WRITE,
+                           Operation.SANDBOX}),
     Scope.READ: frozenset({Operation.READ}),
+    Scope.SANDBOX: frozenset({Operation.SANDBOX}),
 }
 
 
@@ -511,6 +523,11 @@ def check_request(link: Link | None, *, now: datetime, workspace_id: str,
     if operation not in SCOPE_OPERATIONS[link.scope]:
         return deny(Reason.SCOPE, f"link {link.link_id} has scope {link.scope}, which does "
                     f"not allow {operation}")
+    if operation == Operation.SANDBOX:
+        # A sandbox runs beside the workspace, not in it: nothing to resume or wait for.
+        if workspace.state == "DELETING":
+            return deny(Reason.WORKSPACE_GONE, f"workspace {workspace.id} is being deleted")
+        return ALLOWED
     return _by_state(link, workspace, policy)
 
 
@@ -545,11 +562,26 @@ def operation_for(method: str, subpath: str) -> Operation | None:
         return Operation.READ if method in ("GET", "HEAD") else None
     if segments == ["execute"]:
         return Operation.EXECUTE if method == "POST" else None
+    if segments[:2] == ["stasis", "sandboxes"]:
+        return _sandbox_operation(method, segments[2:])
     if segments[0] == "api":
         if len(segments) > 1 and segments[-1] == "channels":
             return None  # websockets are not proxied; use /execute
         return Operation.READ if method in ("GET", "HEAD") else Operation.WRITE
     return None
+
+
+SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+
+def _sandbox_operation(method: str, rest: list[str]) -> Operation | None:
+    """``POST stasis/sandboxes`` (request one), ``GET stasis/sandboxes`` (the creator's),
+    ``GET stasis/sandboxes/<id>`` (state and patch) and ``GET .../<id>/patch`` (raw)."""
+    if not rest:
+        return Operation.SANDBOX if method in ("POST", "GET", "HEAD") else None
+    if not SANDBOX_ID.fullmatch(rest[0]) or len(rest) > 2 or rest[1:] not in ([], ["patch"]):
+        return None
+    return Operation.SANDBOX if method in ("GET", "HEAD") else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -582,7 +614,7 @@ def check_create(*, creator: str, creator_role: Role | None, workspace_id: str,
                  policy: LinkPolicy = DEFAULT_POLICY) -> Issue | Refused:
     """Whether ``creator`` may create a ``scope`` link to ``workspace_id`` now, and until when."""
     if scope not in set(Scope):
-        return Refused(Reason.BAD_SCOPE, f"scope {scope!r}: use exec or read")
+        return Refused(Reason.BAD_SCOPE, f"scope {scope!r}: use exec, read or sandbox")
     if workspace is None or workspace.state in ("DELETED", "DELETING"):
         return Refused(Reason.WORKSPACE_GONE, f"no workspace {workspace_id}")
     if creator_role is None:

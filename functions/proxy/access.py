@@ -7,6 +7,8 @@ Paths (after the function's own mount, ``/proxy`` on the local host):
 ``POST /<workspace>/execute`` execute run ``{"code": ...}`` in a kernel; NDJSON stream
 ``*    /<workspace>/api/...`` read    the workspace's Jupyter REST API (GET/HEAD: read,
                                       other methods: write, which only exec links have)
+``*    /<workspace>/stasis/sandboxes/...`` sandbox: agent sandboxes for the link's team, as
+                                      its creator (:mod:`functions.proxy.sandboxes`)
 ========================== ========= =====================================================
 
 Every request carries ``Authorization: Bearer <token>`` and is checked, every time, by
@@ -86,8 +88,10 @@ from functions.proxy.ports import (
     Identity,
     KernelGateway,
     LinkStore,
+    SandboxResults,
     Unauthenticated,
 )
+from functions.proxy.sandboxes import SandboxDesk
 
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/functions/proxy"
@@ -282,7 +286,8 @@ class AccessProxy:
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, poll_seconds: float = 0.5,
                  on_exposed: Callable[[str], Any] | None = None,
-                 refresh_ahead: bool = True) -> None:
+                 refresh_ahead: bool = True,
+                 sandboxes: SandboxResults | None = None) -> None:
         self.store = store
         self.gateway = gateway
         self.bus = bus
@@ -294,6 +299,8 @@ class AccessProxy:
         self.poll_seconds = poll_seconds
         self.on_exposed = on_exposed
         self.auth = Authorizer(store, clock=clock, policy=policy, monotonic=monotonic)
+        self.sandbox_desk = None if sandboxes is None else SandboxDesk(
+            sandboxes, bus, clock=clock, monotonic=monotonic, sleep=sleep)
         self._uses: Counter[str] = Counter()
         self._flushed = monotonic()
         self._lock = threading.Lock()
@@ -337,6 +344,8 @@ class AccessProxy:
         call = _Call(token, client, caller, workspace_id, operation)
         if operation == Operation.EXECUTE:
             return self._execute(request, call, access, timing)
+        if operation == Operation.SANDBOX:
+            return self._sandboxes(request, call, access, subpath, timing)
         if not subpath.strip("/"):
             return self._info(access, timing)
         return self._forward(request, call, access, subpath, query, timing)
@@ -397,6 +406,19 @@ class AccessProxy:
         return Response(forwarded.body, status=forwarded.status,
                         content_type=forwarded.content_type,
                         headers={**headers, "Cache-Control": "no-store"})
+
+    # --- agent sandboxes ----------------------------------------------------------------------
+    def _sandboxes(self, request: Request, call: _Call, access: Access, subpath: str,
+                   headers: dict[str, str]) -> Response:
+        if self.sandbox_desk is None:
+            return _json({"error": str(Reason.UNAVAILABLE), "message": "agent sandboxes are "
+                          "not available on this deployment"}, 503, headers)
+        assert access.link is not None
+        rest = [s for s in subpath.split("/") if s][2:]  # after stasis/sandboxes
+        response = self.sandbox_desk(request, access.link, rest, headers)
+        if request.method == "POST":
+            self._audit(access, call, "link.sandbox", f"answered {response.status_code}")
+        return response
 
     # --- execute --------------------------------------------------------------------------------
     def _execute(self, request: Request, call: _Call, access: Access,

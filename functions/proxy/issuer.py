@@ -104,8 +104,8 @@ class LinkIssuer:
     def create(self, user: str, body: Any, request: Request) -> Response:
         if not isinstance(body, dict) or not isinstance(body.get("workspace_id"), str):
             return _json({"error": "bad_request", "message":
-                          'send {"workspace_id": "<team>--<name>", "scope": "exec"|"read", '
-                          '"ttl": "1h"}'}, 400)
+                          'send {"workspace_id": "<team>--<name>", '
+                          '"scope": "exec"|"read"|"sandbox", "ttl": "1h"}'}, 400)
         workspace_id = body["workspace_id"]
         scope = str(body.get("scope") or Scope.EXEC)
         try:

@@ -125,3 +125,23 @@ class KernelGateway(Protocol):
 
     def forward(self, server: Server, method: str, path: str, query: str, body: bytes,
                 content_type: str | None) -> Forwarded: ...
+
+
+class SandboxResults(Protocol):
+    """What the proxy's sandbox endpoint reads (``functions.adapters.sandbox_results``)."""
+
+    def sandbox(self, sandbox_id: str) -> Mapping[str, Any] | None:
+        """The ``sandboxes/{id}`` document, or None."""
+        ...
+
+    def list_sandboxes(self, team: str, requester: str,
+                       limit: int = 50) -> list[Mapping[str, Any]]: ...
+
+    def request_outcome(self, event: Event[Any]) -> Mapping[str, Any] | None:
+        """The sandbox handler's verdict on a sandbox.requested, once it has one."""
+        ...
+
+    def read_object(self, uri: str, *, limit: int, tail: bool = False) -> tuple[bytes, bool]:
+        """At most ``limit`` bytes of a ``gs://`` object (its end when ``tail``), and whether
+        it holds more. Raises on a storage error."""
+        ...

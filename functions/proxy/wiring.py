@@ -1,6 +1,7 @@
 """Builds the proxy and the link issuer from the control plane's ``Deps`` (``bootstrap`` calls
 this lazily, once per instance): the Firestore link store on the same client, the Jupyter
-kernel gateway over the runtime's ``status``, and the identity.
+kernel gateway over the runtime's ``status``, the identity, and (where sandboxes run) the
+sandbox reads of ``stasis/sandboxes``.
 
 Environment:
 
@@ -68,11 +69,19 @@ def proxy_url(request: Request) -> str:
 def build(deps: Any) -> Wiring:
     from functions.adapters.jupyter_kernel import JupyterGateway
     from functions.adapters.link_store import FirestoreLinkStore
+    from functions.adapters.sandbox_results import FirestoreSandboxResults
+    from functions.adapters.snapshots import storage_client
 
     store = FirestoreLinkStore(deps.store.db)
     identity = identity_from_env()
     issuer = LinkIssuer(store, deps.bus, identity, clock=deps.clock, proxy_url=proxy_url)
+    sandboxes = None
+    if deps.sandboxes is not None:
+        project = os.environ.get("STASIS_PROJECT") or os.environ.get(
+            "GOOGLE_CLOUD_PROJECT") or "stasis-local"
+        sandboxes = FirestoreSandboxResults(deps.store.db, lambda: storage_client(project))
     proxy = AccessProxy(store, JupyterGateway(deps.runtime.status), deps.bus, identity,
-                        clock=deps.clock, on_exposed=issuer.revoke_exposed)
+                        clock=deps.clock, on_exposed=issuer.revoke_exposed,
+                        sandboxes=sandboxes)
     issuer.revoked_listeners.append(proxy.auth.forget)
     return Wiring(proxy, issuer)

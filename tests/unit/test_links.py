@@ -55,6 +55,7 @@ LINK = Link(link_id="lnk-0123456789abcdef", workspace="ml-a--nb", team="ml-a",
             creator="bob", scope=Scope.EXEC, created_at=NOW - timedelta(minutes=5),
             expires_at=NOW + timedelta(hours=1))
 RUNNING = Target(id="ml-a--nb", team="ml-a", owner="bob", state="RUNNING", version=2)
+SANDBOX_LINK = dataclasses.replace(LINK, scope=Scope.SANDBOX)
 
 
 # --- tokens and URLs ------------------------------------------------------------------------------
@@ -169,9 +170,9 @@ def test_format_ttl() -> None:
 
 # --- rights ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("role, owner, scopes", [
-    (Role.ADMIN, False, {"exec", "read"}),
-    (Role.ADMIN, True, {"exec", "read"}),
-    (Role.MEMBER, True, {"exec", "read"}),
+    (Role.ADMIN, False, {"exec", "read", "sandbox"}),
+    (Role.ADMIN, True, {"exec", "read", "sandbox"}),
+    (Role.MEMBER, True, {"exec", "read", "sandbox"}),
     (Role.MEMBER, False, set()),
     (Role.VIEWER, True, {"read"}),
     (Role.VIEWER, False, set()),
@@ -244,6 +245,35 @@ CHECKS: dict[str, tuple[dict[str, object], tuple[Outcome, Reason, int]]] = {
                            (Outcome.WAIT, Reason.WAITING, 202)),
     "deleting": ({"target": _state("DELETING")}, (DENY, Reason.WORKSPACE_GONE, 410)),
     "failed": ({"target": _state("FAILED")}, (DENY, Reason.WORKSPACE_FAILED, 409)),
+    # Sandboxes run beside the workspace: its state is no reason to wait, resume or refuse.
+    "exec link requests a sandbox": ({"operation": Operation.SANDBOX}, (ALLOW, Reason.OK, 200)),
+    "sandbox link requests a sandbox": ({"link": SANDBOX_LINK, "operation": Operation.SANDBOX},
+                                        (ALLOW, Reason.OK, 200)),
+    "sandbox, workspace paused: no resume": ({"link": SANDBOX_LINK, "target": _state("PAUSED"),
+                                              "operation": Operation.SANDBOX},
+                                             (ALLOW, Reason.OK, 200)),
+    "sandbox, workspace failed": ({"operation": Operation.SANDBOX, "target": _state("FAILED")},
+                                  (ALLOW, Reason.OK, 200)),
+    "sandbox, workspace deleting": ({"operation": Operation.SANDBOX,
+                                     "target": _state("DELETING")},
+                                    (DENY, Reason.WORKSPACE_GONE, 410)),
+    "sandbox, workspace deleted": ({"operation": Operation.SANDBOX, "target": _state("DELETED")},
+                                   (DENY, Reason.WORKSPACE_GONE, 410)),
+    "sandbox link executes": ({"link": SANDBOX_LINK}, (DENY, Reason.SCOPE, 403)),
+    "sandbox link reads the API": ({"link": SANDBOX_LINK, "operation": Operation.READ},
+                                   (DENY, Reason.SCOPE, 403)),
+    "read link requests a sandbox": ({"link": dataclasses.replace(LINK, scope=Scope.READ),
+                                      "operation": Operation.SANDBOX}, (DENY, Reason.SCOPE, 403)),
+    "sandbox, revoked": ({"link": dataclasses.replace(SANDBOX_LINK, revoked_at=NOW),
+                          "operation": Operation.SANDBOX}, (DENY, Reason.REVOKED, 401)),
+    "sandbox, expired": ({"link": SANDBOX_LINK, "now": LINK.expires_at,
+                          "operation": Operation.SANDBOX}, (DENY, Reason.EXPIRED, 401)),
+    "sandbox, creator removed": ({"link": SANDBOX_LINK, "role": None,
+                                  "operation": Operation.SANDBOX},
+                                 (DENY, Reason.CREATOR_NOT_MEMBER, 403)),
+    "sandbox, creator demoted to viewer": ({"link": SANDBOX_LINK, "role": Role.VIEWER,
+                                            "operation": Operation.SANDBOX},
+                                           (DENY, Reason.CREATOR_NO_RIGHTS, 403)),
 }
 
 
@@ -280,6 +310,17 @@ def test_the_revocation_promise_is_a_policy_invariant() -> None:
     ("GET", "api/../../etc/passwd", None),
     ("GET", "lab", None),
     ("GET", "files/x", None),
+    ("POST", "stasis/sandboxes", Operation.SANDBOX),
+    ("POST", "stasis/sandboxes/", Operation.SANDBOX),
+    ("GET", "stasis/sandboxes", Operation.SANDBOX),
+    ("GET", "stasis/sandboxes/sbx-20250610-120000-abc123", Operation.SANDBOX),
+    ("GET", "stasis/sandboxes/sbx-1/patch", Operation.SANDBOX),
+    ("DELETE", "stasis/sandboxes/sbx-1", None),
+    ("POST", "stasis/sandboxes/sbx-1", None),
+    ("GET", "stasis/sandboxes/SBX_1", None),
+    ("GET", "stasis/sandboxes/sbx-1/log", None),
+    ("GET", "stasis/sandboxes/../../etc", None),
+    ("GET", "stasis/other", None),
 ])
 def test_operation_for(method: str, subpath: str, operation: Operation | None) -> None:
     assert operation_for(method, subpath) == operation
@@ -392,3 +433,12 @@ def test_the_link_document_matches_its_schema_and_holds_no_token() -> None:
     assert set(schema["required"]) == set(doc)
     assert link_from_doc(doc).revoked_by == "bob"
     assert TOKEN_PREFIX not in json.dumps(as_json)
+
+
+def test_who_may_create_a_sandbox_link() -> None:
+    # Owners (members) and team admins may; a viewer, who may not run sandboxes, may not.
+    assert isinstance(_create(scope="sandbox"), Issue)
+    assert isinstance(_create(scope="sandbox", creator="alice", creator_role=Role.ADMIN), Issue)
+    refused = _create(scope="sandbox", creator_role=Role.VIEWER)
+    assert isinstance(refused, Refused) and refused.reason == Reason.CREATOR_NO_RIGHTS
+    assert "may create only read links" in refused.message

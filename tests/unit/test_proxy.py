@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from link_fakes import Clock, FakeExecution, FakeGateway, MemoryLinkStore, RecordingBus
+from link_fakes import (
+    Clock,
+    FakeExecution,
+    FakeGateway,
+    MemoryLinkStore,
+    MemorySandboxResults,
+    RecordingBus,
+)
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.test import Client
 from werkzeug.wrappers import Response
@@ -53,10 +61,11 @@ class Harness:
         self.bus = RecordingBus()
         self.gateway = FakeGateway(cell)
         self.exposed: list[str] = []
+        self.sandboxes = MemorySandboxResults()
         self.proxy = AccessProxy(self.store, self.gateway, self.bus, DevIdentity(),
                                  clock=self.clock, policy=policy, monotonic=self.mono,
                                  sleep=self.mono.sleep, on_exposed=self.exposed.append,
-                                 refresh_ahead=False)
+                                 refresh_ahead=False, sandboxes=self.sandboxes)
         self.issuer = LinkIssuer(self.store, self.bus, DevIdentity(), clock=self.clock,
                                  policy=policy,
                                  proxy_url=lambda request: "http://127.0.0.1:8713/proxy")
@@ -528,3 +537,207 @@ def test_cold_entries_are_dropped_by_the_refresh(h: Harness) -> None:
     cache = h.proxy.auth.cache
     h.mono.sleep(cache.hot_seconds + 1)
     assert cache.refresh() == 0 and not any(cache.data.values())
+
+
+# --- agent sandboxes through the link ---------------------------------------------------------
+TASK = {"repository": "/srv/repo", "command": "python fix.py", "base_ref": "main",
+        "limits": {"cpu_seconds": 60, "memory": "1Gi"}, "allowed_network": ["pypi.org"]}
+
+
+def _admit_as(h: Harness, **outcome: Any) -> None:
+    """Stand in for the sandbox handler: each sandbox.requested gets this verdict."""
+    def admit(event: Any) -> None:
+        if event.name == "sandbox.requested":
+            h.sandboxes.outcomes[event.requestid] = {
+                "accepted": True, "reason": "admitted", "state": "RUNNING",
+                "queue_position": None, "message": "running: 1/2 slots", **outcome}
+    h.bus.on_publish = admit
+
+
+def _post(h: Harness, token: str, body: Any, ws: str = WS) -> Any:
+    return h.client.post(f"/proxy/{ws}/stasis/sandboxes", json=body,
+                         headers={"Authorization": f"Bearer {token}"})
+
+
+def _requested(h: Harness) -> list[Any]:
+    return [e for e in h.bus.events if e.name == "sandbox.requested"]
+
+
+def test_an_exec_link_requests_a_sandbox_as_its_creator_in_its_team(h: Harness) -> None:
+    _admit_as(h)
+    token = h.token()
+    response = _post(h, token, {**TASK, "sandbox_id": "sbx-fix-1"})
+    assert response.status_code == 201, response.json
+    body = response.json
+    assert (body["sandbox_id"], body["state"], body["message"]) == (
+        "sbx-fix-1", "RUNNING", "running: 1/2 slots")
+    assert response.headers["Location"] == body["url"] == f"/proxy/{WS}/stasis/sandboxes/sbx-fix-1"
+    [event] = _requested(h)
+    p = event.payload
+    assert (p.team, p.requester, p.repository, p.command, p.base_ref) == (
+        "ml-a", "bob", "/srv/repo", "python fix.py", "main")
+    assert (p.limits, p.allowed_network, p.reply_to) == (
+        {"cpu_seconds": 60, "memory": "1Gi"}, ["pypi.org"], None)
+    link = next(iter(h.store.links.values()))
+    assert event.requestid == event.id == f"link-{link.link_id}-sbx-fix-1"
+    assert any(a.get("action") == "link.sandbox" and a["outcome"] == "answered 201"
+               for a in h.store.audits)
+
+
+def test_a_retried_post_has_the_same_request_id_and_a_generated_id_has_the_cli_shape(
+        h: Harness) -> None:
+    _admit_as(h)
+    token = h.token()
+    first, again = (_post(h, token, {**TASK, "sandbox_id": "sbx-same"}) for _ in range(2))
+    assert first.json == again.json
+    assert len({e.requestid for e in _requested(h)}) == 1  # the handler's ledger: one effect
+    generated = _post(h, token, TASK).json["sandbox_id"]
+    assert re.fullmatch(r"sbx-20250610-120000-[0-9a-f]{6}", generated), generated
+
+
+def test_a_queued_request_answers_its_position(h: Harness) -> None:
+    _admit_as(h, reason="queued", state="QUEUED", queue_position=2,
+              message="queued: team ml-a runs 2/2 sandboxes; position 2 of 2")
+    body = _post(h, h.token(), TASK).json
+    assert (body["state"], body["queue_position"]) == ("QUEUED", 2)
+    assert "position 2 of 2" in body["message"]
+
+
+@pytest.mark.parametrize(("reason", "status"), [
+    ("limit_above_maximum", 400), ("network_not_permitted", 403), ("read_only_member", 403),
+    ("sandbox_id_in_use", 409), ("queue_full", 429), ("invalid_policy", 503)])
+def test_the_handlers_refusal_is_answered_with_its_status_and_message(
+        h: Harness, reason: str, status: int) -> None:
+    _admit_as(h, accepted=False, reason=reason, state="FAILED",
+              message=f"refused: because {reason}")
+    response = _post(h, h.token(), TASK)
+    assert response.status_code == status
+    assert (response.json["error"], response.json["message"]) == (
+        reason, f"refused: because {reason}")
+
+
+def test_no_verdict_in_time_answers_202_with_where_to_poll(h: Harness) -> None:
+    token = h.token()
+    started = h.mono.t
+    response = _post(h, token, TASK)
+    assert response.status_code == 202 and response.json["state"] == "REQUESTED"
+    assert response.headers["Location"].startswith(f"/proxy/{WS}/stasis/sandboxes/sbx-")
+    assert h.mono.t - started >= 10.0 and h.sandboxes.asked_outcome > 10  # waited, bounded
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("not json", "not a JSON object"),
+    ({"command": "make"}, "repository is missing"),
+    ({"repository": "/r", "command": "  "}, "command is missing"),
+    ({**TASK, "priority": 1}, "unknown fields priority"),
+    ({**TASK, "limits": {"gpus": 1}}, "gpus"),
+    ({**TASK, "limits": {"cpu_seconds": 0}}, "cpu_seconds"),
+    ({**TASK, "allowed_network": "pypi.org"}, "allowed_network is a list"),
+    ({**TASK, "sandbox_id": "Bad_Id"}, "sandbox_id takes"),
+])
+def test_bad_bodies_are_refused_with_what_to_send_and_nothing_is_requested(
+        h: Harness, body: Any, says: str) -> None:
+    token = h.token()
+    response = (h.client.post(f"/proxy/{WS}/stasis/sandboxes", data=body,
+                              headers={"Authorization": f"Bearer {token}"})
+                if isinstance(body, str) else _post(h, token, body))
+    assert response.status_code == 400 and says in response.json["message"], response.json
+    assert _requested(h) == []
+
+
+def test_scopes_a_sandbox_link_only_requests_sandboxes_a_read_link_none(h: Harness) -> None:
+    _admit_as(h)
+    sandbox = h.token(scope="sandbox")
+    assert _post(h, sandbox, TASK).status_code == 201
+    assert h.get(sandbox).status_code == 403  # not even the link's info
+    assert h.get(sandbox, "/api/contents").status_code == 403
+    response, _ = h.execute(sandbox)
+    assert response.status_code == 403 and response.json["error"] == "insufficient_scope"
+    read = h.token(scope="read")
+    assert _post(h, read, TASK).status_code == 403
+    assert len(_requested(h)) == 1
+
+
+def test_a_paused_workspace_is_not_resumed_for_a_sandbox(h: Harness) -> None:
+    _admit_as(h)
+    token = h.token()
+    h.store.workspaces[WS] = Target(WS, "ml-a", "bob", "PAUSED", 4)
+    h.clock.advance(1)  # past the cache
+    h.mono.sleep(1)
+    assert _post(h, token, TASK).status_code == 201
+    assert [e.name for e in h.bus.events if e.name != "link.created"] == ["sandbox.requested"]
+
+
+def test_revoked_or_expired_links_request_and_read_nothing(h: Harness) -> None:
+    _admit_as(h)
+    token = h.token()
+    _post(h, token, {**TASK, "sandbox_id": "sbx-mine"})
+    h.sandboxes.docs["sbx-mine"] = {"id": "sbx-mine", "team": "ml-a", "requester": "bob",
+                                    "state": "RUNNING"}
+    link_id = next(iter(h.store.links.values())).link_id
+    assert h.client.delete(f"/links/{link_id}", headers={"X-Stasis-User": "bob"}).status_code \
+        == 200
+    assert _post(h, token, TASK).status_code == 401
+    assert h.get(token, "/stasis/sandboxes/sbx-mine").status_code == 401
+    other = h.token()
+    h.clock.advance(3601)
+    assert h.get(other, "/stasis/sandboxes/sbx-mine").json["error"] == "expired"
+    assert len(_requested(h)) == 1
+
+
+def _ended(h: Harness, **doc: Any) -> None:
+    h.sandboxes.docs["sbx-done"] = {
+        "id": "sbx-done", "team": "ml-a", "requester": "bob", "state": "SUCCEEDED",
+        "reason": "succeeded", "message": "the task succeeded; a patch of 1 file",
+        "exit_status": 0, "files_changed": ["calc.py"], "patch_bytes": 30,
+        "requested_at": NOW, "finished_at": NOW + timedelta(seconds=3),
+        "patch_uri": "gs://b/sandboxes/ml-a/sbx-done/patch.diff",
+        "log_uri": "gs://b/sandboxes/ml-a/sbx-done/log.txt", **doc}
+    h.sandboxes.objects["gs://b/sandboxes/ml-a/sbx-done/patch.diff"] = b"diff --git a/calc.py\n"
+    h.sandboxes.objects["gs://b/sandboxes/ml-a/sbx-done/log.txt"] = b"x" * 20000 + b"END\n"
+
+
+def test_a_finished_sandbox_answers_its_patch_log_tail_and_how_to_review(h: Harness) -> None:
+    _ended(h)
+    token = h.token()
+    body = h.get(token, "/stasis/sandboxes/sbx-done").json
+    assert (body["state"], body["exit_status"], body["files_changed"]) == (
+        "SUCCEEDED", 0, ["calc.py"])
+    assert (body["patch"], body["patch_truncated"]) == ("diff --git a/calc.py\n", False)
+    assert body["log_tail"].endswith("END\n") and body["log_tail_truncated"] is True
+    assert len(body["log_tail"]) == 16 << 10
+    assert "stasis sandbox apply sbx-done --to CHECKOUT" in body["review"]
+    assert body["finished_at"] == (NOW + timedelta(seconds=3)).isoformat()
+    raw = h.get(token, "/stasis/sandboxes/sbx-done/patch")
+    assert raw.status_code == 200 and raw.mimetype == "text/x-diff"
+    assert raw.get_data() == b"diff --git a/calc.py\n"
+    listed = h.get(token, "/stasis/sandboxes").json
+    assert [r["id"] for r in listed["sandboxes"]] == ["sbx-done"]
+
+
+def test_a_running_sandbox_has_no_patch_yet_and_a_lost_object_is_named(h: Harness) -> None:
+    _ended(h, state="RUNNING")
+    token = h.token()
+    body = h.get(token, "/stasis/sandboxes/sbx-done").json
+    assert body["state"] == "RUNNING" and "patch" not in body and "review" not in body
+    assert h.get(token, "/stasis/sandboxes/sbx-done/patch").status_code == 409
+    _ended(h, patch_uri="gs://b/gone.diff")
+    body = h.get(token, "/stasis/sandboxes/sbx-done").json
+    assert "cannot read gs://b/gone.diff" in body["patch_error"] and "log_tail" in body
+
+
+@pytest.mark.parametrize("doc", [{"requester": "alice"}, {"team": "ml-b"}])
+def test_another_creators_or_teams_sandbox_does_not_exist_for_the_link(
+        h: Harness, doc: dict[str, Any]) -> None:
+    _ended(h, **doc)
+    token = h.token()
+    for path in ("/stasis/sandboxes/sbx-done", "/stasis/sandboxes/sbx-done/patch"):
+        response = h.get(token, path)
+        assert response.status_code == 404 and response.json["error"] == "unknown_sandbox"
+    assert h.get(token, "/stasis/sandboxes").json["sandboxes"] == []
+
+
+def test_without_sandboxes_the_proxy_says_so(h: Harness) -> None:
+    h.proxy.sandbox_desk = None
+    response = _post(h, h.token(), TASK)
+    assert response.status_code == 503 and "not available" in response.json["message"]
