@@ -286,10 +286,49 @@ def covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 
 def default_api_client() -> Any:
+    """The client for where this process runs: ``STASIS_K8S_HOST`` (a Cloud Function:
+    GKE's DNS endpoint with the function's Google identity), else in-cluster, else the
+    kubeconfig (``STASIS_K8S_CONTEXT``)."""
     from kubernetes import client, config
 
+    host = os.environ.get("STASIS_K8S_HOST")
+    if host:
+        return google_api_client(host, ca_cert=os.environ.get("STASIS_K8S_CA_CERT") or None)
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(context=os.environ.get("STASIS_K8S_CONTEXT") or None)
     return client.ApiClient()
+
+
+def google_api_client(host: str, *, credentials: Any = None, ca_cert: str | None = None) -> Any:
+    """A client for a GKE control plane reached with a Google identity: the OAuth access
+    token of ``credentials`` (default: the application default credentials, i.e. the
+    Cloud Function's service account) as the bearer token, refreshed before it expires.
+    GKE's DNS endpoint serves a publicly trusted certificate; ``ca_cert`` (a PEM file's
+    path) is for an IP endpoint with the cluster's own CA."""
+    from kubernetes import client
+
+    if credentials is None:
+        import google.auth
+
+        credentials, _project = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    configuration = client.Configuration()
+    configuration.host = host.rstrip("/")
+    if ca_cert:
+        configuration.ssl_ca_cert = ca_cert
+    configuration.api_key_prefix["authorization"] = "Bearer"
+
+    def refresh(conf: Any) -> None:
+        # The client asks before every request; only an expired token costs a call.
+        if not credentials.valid:
+            from google.auth.transport.requests import Request
+
+            credentials.refresh(Request())
+        conf.api_key["authorization"] = credentials.token
+
+    configuration.refresh_api_key_hook = refresh
+    # The client adds the header only when a key is there; the hook fills it per request.
+    configuration.api_key["authorization"] = ""
+    return client.ApiClient(configuration)
