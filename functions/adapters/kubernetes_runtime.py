@@ -86,6 +86,8 @@ class KubernetesRuntime:
             pod_snapshots=env("STASIS_K8S_POD_SNAPSHOTS", "1").lower() in ("1", "true", "yes"),
             url_template=env("STASIS_K8S_URL_TEMPLATE", defaults.url_template),
             pod_snapshot_retention=env("STASIS_K8S_POD_SNAPSHOT_RETENTION") or None,
+            function_cidrs=tuple(c.strip() for c in env("STASIS_K8S_FUNCTION_CIDRS", "")
+                                 .split(",") if c.strip()),
         )
         subject = env("STASIS_K8S_SUBJECT")
         return cls(settings=settings, catalog=catalog,

@@ -158,6 +158,9 @@ class ClusterSettings:
     #: Extra environment of the snapshot agent (e.g. ``STORAGE_EMULATOR_HOST`` on a test
     #: cluster; the agent hands it to the kernels it snapshots).
     agent_env: Mapping[str, str] = field(default_factory=dict)
+    #: Where deployed functions' Direct VPC egress comes from (the subnet's primary
+    #: range): the links proxy reaches the IDE port from there.
+    function_cidrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -721,9 +724,10 @@ def workspace_service(shape: WorkspaceShape,
 def network_policy(shape: WorkspaceShape,
                    settings: ClusterSettings = ClusterSettings()) -> dict[str, Any]:
     """Who may open connections to the workspace: the IDE port only from the Stasis
-    system namespace (access proxy, ingress), the agent port only from the monitor.
-    Other workspaces, even of the same team, cannot reach it. Egress stays open (pip,
-    datasets, Cloud Storage)."""
+    system namespace (access proxy, ingress) and the functions' egress ranges
+    (``function_cidrs``: the links proxy), the agent port only from the monitor. Other
+    workspaces, even of the same team, cannot reach it. Egress stays open (pip, datasets,
+    Cloud Storage)."""
     names = workspace_names(shape.team, shape.workspace_id, settings)
     system = {"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": settings.system_namespace}}}
@@ -735,8 +739,9 @@ def network_policy(shape: WorkspaceShape,
                                                      LABEL_WORKSPACE: names.label}},
                      "policyTypes": ["Ingress"],
                      "ingress": [
-                         {"from": [system], "ports": [{"protocol": "TCP",
-                                                       "port": settings.jupyter_port}]},
+                         {"from": [system, *({"ipBlock": {"cidr": cidr}}
+                                             for cidr in settings.function_cidrs)],
+                          "ports": [{"protocol": "TCP", "port": settings.jupyter_port}]},
                          {"from": [monitor], "ports": [{"protocol": "TCP",
                                                         "port": settings.agent_port}]}]}}
 

@@ -8,6 +8,7 @@ import copy
 import functools
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,8 @@ def every_object() -> Iterator[tuple[str, dict[str, Any]]]:
                     s, settings, requestid="r2", requested_at_ms=2, restore=restore)
                 yield f"{label} service", m.workspace_service(s, settings)
                 yield f"{label} network policy", m.network_policy(s, settings)
+                yield f"{label} network policy with function ranges", m.network_policy(
+                    s, replace(settings, function_cidrs=("10.10.0.0/20",)))
                 yield f"{label} trigger", m.manual_trigger(s, "snap-1", requestid="r3",
                                                            requested_at_ms=3,
                                                            settings=settings)
@@ -315,6 +318,14 @@ def test_network_policy_lets_only_the_system_namespace_in() -> None:
     assert ide["ports"] == [{"protocol": "TCP", "port": 8888}]
     assert agent["from"][0]["podSelector"] == {"matchLabels": {
         "app.kubernetes.io/name": "stasis-monitor"}}
+
+
+def test_the_functions_egress_range_reaches_the_ide_port_only() -> None:
+    settings = m.ClusterSettings(function_cidrs=("10.10.0.0/20",))
+    ide, agent = m.network_policy(shape(settings=settings), settings)["spec"]["ingress"]
+    assert {"ipBlock": {"cidr": "10.10.0.0/20"}} in ide["from"]
+    assert ide["ports"] == [{"protocol": "TCP", "port": 8888}]
+    assert all("ipBlock" not in peer for peer in agent["from"])
 
 
 def test_rbac_is_verb_minimal_and_has_no_wildcards() -> None:

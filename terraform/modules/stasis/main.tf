@@ -228,6 +228,7 @@ module "functions" {
     STASIS_K8S_CLUSTER            = module.gke.cluster_id
     STASIS_K8S_AGENT_IMAGE        = var.agent_image
     STASIS_K8S_POD_SNAPSHOTS      = var.pod_snapshots ? "1" : "0"
+    STASIS_K8S_FUNCTION_CIDRS     = var.network.subnet_cidr
   }, var.extra_environment)
   function_environment = merge(
     { for n, audience in module.iap.audiences : n => { STASIS_IAP_AUDIENCE = audience } },
