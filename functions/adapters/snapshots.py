@@ -54,10 +54,14 @@ class SnapshotStore:
             released += int(record.get("bytes", 0))
         return released
 
-    def _delete_prefix(self, prefix: str) -> None:
+    def _delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix`` (one already gone is fine); how many."""
         bucket = self.gcs.bucket(self.bucket)
-        for blob in list(self.gcs.list_blobs(bucket, prefix=prefix)):
-            blob.delete()
+        blobs = list(self.gcs.list_blobs(bucket, prefix=prefix))
+        for blob in blobs:
+            with contextlib.suppress(gexc.NotFound):
+                blob.delete()
+        return len(blobs)
 
     # --- the janitor's view -------------------------------------------------------------
     def stored(self) -> list[StoredSnapshot]:
@@ -87,9 +91,4 @@ class SnapshotStore:
         if parse_object_name(prefix.rstrip("/") + "/x") is None or prefix.count("/") != 4:
             raise ValueError(f"{prefix!r} is not a snapshot prefix "
                              "(snapshots/<team>/<workspace>/<snapshot>/)")
-        bucket = self.gcs.bucket(self.bucket)
-        blobs = list(self.gcs.list_blobs(bucket, prefix=prefix))
-        for blob in blobs:
-            with contextlib.suppress(gexc.NotFound):
-                blob.delete()
-        return len(blobs)
+        return self._delete_prefix(prefix)
