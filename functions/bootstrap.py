@@ -69,6 +69,7 @@ def deps() -> Deps:
         chat=_chat_deps(db, bus),
         sandboxes=_sandbox_deps(db, bus),
         jobs=_job_store(db),
+        job_runtime=_job_runtime(),
     )
 
 
@@ -76,6 +77,17 @@ def _job_store(db: Any) -> Any:
     from functions.adapters.job_store import FirestoreJobStore
 
     return FirestoreJobStore(db)
+
+
+def _job_runtime() -> Any:
+    """Where the control plane starts jobs: a JobSet per job on the Kubernetes runtime;
+    none elsewhere (a local job is the submitting kernel's own children)."""
+    if os.environ.get("STASIS_RUNTIME", "local") != "kubernetes":
+        return None
+    from functions.adapters.kubernetes_job_runtime import KubernetesJobRuntime
+
+    # The catalog through deps(), called later (not while deps() is being built).
+    return KubernetesJobRuntime.from_environment(catalog=lambda: deps().catalog())
 
 
 def _sandbox_deps(db: Any, bus: Any) -> Any:

@@ -100,3 +100,34 @@ class Transaction(Protocol):
     def usage(self, team_id: str) -> dict[str, Any]: ...
 
     def set(self, collection: str, doc_id: str, data: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """Everything a job runtime needs to start one admitted job (a kubernetes job: one
+    JobSet); the function travels pickled at ``payload_uri``."""
+
+    job_id: str
+    team: str
+    owner: str
+    profile: str
+    hosts: int
+    payload_uri: str
+    requestid: str
+    workspace_id: str | None = None
+    topology: str | None = None
+    #: The job's image (the workspace's environment); None: the runtime's default.
+    image: str | None = None
+
+
+class JobRuntime(Protocol):
+    """Where admitted jobs run when the control plane starts them (the local runtime's
+    jobs are the kernel's own children and need none). ``start`` returns once the job is
+    accepted and is idempotent per job id; the end comes back as job.finished. ``cancel``
+    stops the job and releases its hosts; a job already gone is not an error."""
+
+    name: str
+
+    def start(self, run: JobRun) -> None: ...
+
+    def cancel(self, job_id: str, *, team: str) -> None: ...

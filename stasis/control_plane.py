@@ -36,12 +36,17 @@ class EventControlPlane:
         self.team, self.owner, self.workspace_id = team, owner, workspace_id
         self.runtime, self.timeout, self.poll = runtime, timeout, poll
 
-    def submitted(self, job_id: str, *, profile: str, hosts: int, function: str) -> None:
+    def submitted(self, job_id: str, *, profile: str, hosts: int, function: str,
+                  runtime: str | None = None, payload_uri: str | None = None,
+                  topology: str | None = None) -> None:
+        """``runtime``: where the job runs (default: this control plane's); a
+        ``kubernetes`` job names its uploaded payload and, for a slice, its topology."""
         from stasis.jobs import JobRefused
 
         self.publish(new_event(JobSubmitted(
             job_id=job_id, team=self.team, owner=self.owner, profile=profile, hosts=hosts,
-            workspace_id=self.workspace_id, runtime=self.runtime, function=function[:512]),
+            workspace_id=self.workspace_id, runtime=runtime or self.runtime,
+            function=function[:512], payload_uri=payload_uri, topology=topology),
             source=SOURCE, requestid=f"submit-{job_id}"))
         deadline = time.monotonic() + self.timeout
         while True:

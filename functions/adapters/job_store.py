@@ -7,11 +7,16 @@ two jobs of a team admitted at the same time can never both take its last TPU ch
 (Firestore retries the loser against the winner's usage), and a redelivered event has one
 effect. A team's admissions run one at a time in one instance (the per-team lock of
 ``firestore_store``), as for workspaces.
+
+What the runtime must do afterwards (start a kubernetes job's JobSet, delete it once the
+job ended) is the ledger entry's outbox, written in the same transaction: the entry stays
+``pending`` until the handler sent it (:meth:`FirestoreJobStore.mark_done`), and a
+redelivered event finds it pending and sends it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +32,7 @@ from functions.adapters.firestore_store import (
     _team_lock,
     ledger_key,
 )
-from functions.domain.jobs import Job
+from functions.domain.jobs import Job, JobState
 from functions.domain.quota import Usage
 
 JOBS = "jobs"
@@ -43,6 +48,8 @@ class JobTx:
     new_job: Job | None = None
     new_usage: Usage | None = None
     audit: dict[str, Any] | None = None
+    #: Runtime commands to send once committed (``{"start": {...}}``, ``{"release": id}``).
+    outbox: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def usage(self) -> Usage:
@@ -97,19 +104,32 @@ class FirestoreJobStore:
                                 {"usage": view.new_usage.as_dict()}, merge=True)
             if view.audit is not None:
                 transaction.set(self.db.collection("audit").document(), view.audit)
+            status = "pending" if view.outbox else "done"
             transaction.set(ledger_ref, {
                 "consumer": consumer, "type": event.type, "event_id": event.id,
-                "requestid": event.requestid, "job_id": job_id, "status": "done",
-                "outbox": [], "outcome": view.outcome, "processed_at": now,
+                "requestid": event.requestid, "job_id": job_id, "status": status,
+                "outbox": view.outbox, "outcome": view.outcome, "processed_at": now,
                 "expire_at": now + LEDGER_TTL,
             })
-            return TxResult(False, LedgerEntry(key, "done", []), value)
+            return TxResult(False, LedgerEntry(key, status, list(view.outbox)), value)
 
         return run(self.db.transaction(max_attempts=3))  # type: ignore[no-any-return]
+
+    def mark_done(self, key: str) -> None:
+        """The outbox of ledger entry ``key`` was sent."""
+        self.db.collection("processed").document(key).update({"status": "done", "outbox": []})
 
     def get(self, job_id: str) -> Job | None:
         snap = self.db.collection(JOBS).document(job_id).get()
         return Job.from_doc(_aware(snap.to_dict())) if snap.exists else None
+
+    def list(self, *, states: Iterable[JobState] | None = None, limit: int = 500) -> list[Job]:
+        """Jobs in ``states`` (all: None), for the reconciler."""
+        query: Any = self.db.collection(JOBS)
+        if states is not None:
+            query = query.where(filter=firestore.FieldFilter("state", "in",
+                                                            [str(s) for s in states]))
+        return [Job.from_doc(_aware(d.to_dict())) for d in query.limit(limit).stream()]
 
 
 def _aware(doc: dict[str, Any] | None) -> dict[str, Any]:

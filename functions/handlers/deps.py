@@ -91,3 +91,5 @@ class Deps:
     sandboxes: Any = None
     #: Scale-out jobs (``functions.adapters.job_store.FirestoreJobStore``; None: not run).
     jobs: Any = None
+    #: Where admitted kubernetes jobs run (``functions.ports.JobRuntime``; None: nowhere).
+    job_runtime: Any = None

@@ -27,6 +27,7 @@ RESOURCES = (
     "networking.k8s.io/v1/networkpolicies", "rbac.authorization.k8s.io/v1/rolebindings",
     "podsnapshot.gke.io/v1/podsnapshotstorageconfigs", "podsnapshot.gke.io/v1/podsnapshotpolicies",
     "podsnapshot.gke.io/v1/podsnapshotmanualtriggers", "podsnapshot.gke.io/v1/podsnapshots",
+    "jobset.x-k8s.io/v1alpha2/jobsets",
 )
 
 

@@ -1,0 +1,206 @@
+"""The job watcher: JobSets that ended, turned into job.finished; their objects deleted.
+
+One of the cluster monitor's watchers (``runtime.kubernetes.monitor``: ``sync()`` every
+pass, woken early by a watch on JobSets). For every Stasis JobSet
+(``functions.domain.jobset``):
+
+- still running, but a host's pod will never start (an image that cannot be pulled, a
+  bad config): the job failed to start;
+- ``Completed`` or ``Failed`` (``status.terminalState`` or its conditions, as the JobSet
+  controller sets them): which host failed first comes from the hosts' exit records in the
+  bucket (millisecond times, written by ``runtime.kubernetes.job_host``), else from the
+  pods' terminated containers; the error ends with that host's traceback, or the last
+  lines of its log (the bucket's chunks, else the pod's log).
+
+It publishes job.finished (succeeded, termination, failed host, exit status, error, the
+logs' URI, the duration since the runtime started the JobSet), then deletes the JobSet and
+its Service: the slice is released at once, not after the JobSet's TTL (the control plane
+deletes them as well when it records the end, whoever reported it).
+
+Level-triggered like the monitor: each pass looks at every JobSet; the event's id is
+derived from the job and its request, and its requestid is the job's (``finish-<id>``),
+so a pass repeated after a crash or a restart (the JobSet not deleted yet) publishes the
+same event again, which the control plane's ledger absorbs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from events import new_event
+from events.payloads import JobFinished
+from functions.domain import jobset as js
+from functions.domain import manifests as m
+
+log = logging.getLogger(__name__)
+
+SOURCE = "//stasis/runtime/kubernetes"
+LOG_TAIL_LINES = 40
+MAX_ERROR = 4000
+
+
+class Kube(Protocol):
+    """What the watcher needs of ``functions.adapters.kube_api.KubeApi``."""
+
+    def list(self, kind: str, namespace: str | None,
+             selector: str | None = None) -> list[dict[str, Any]]: ...
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> None: ...
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None, *,
+                limit_bytes: int | None = None) -> str: ...
+
+
+class Objects(Protocol):
+    """What the watcher needs of ``runtime.snapshot.storage.ObjectStore``."""
+
+    def get_bytes(self, bucket: str, name: str) -> bytes: ...
+
+    def list_objects(self, bucket: str, prefix: str) -> dict[str, int]: ...
+
+
+class Publisher(Protocol):
+    def publish(self, event: Any) -> str: ...
+
+
+class JobWatch:
+    def __init__(self, kube: Kube, bus: Publisher, objects: Objects, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.bus, self.objects, self.clock = kube, bus, objects, clock
+        self._reported: set[str] = set()
+
+    @classmethod
+    def from_environment(cls, api_client: Any, bus: Publisher) -> JobWatch:
+        from functions.adapters.kube_api import KubeApi
+        from runtime.snapshot.storage import get_store
+
+        return cls(KubeApi(api_client), bus, get_store())
+
+    def sync(self) -> bool:
+        """One pass over every JobSet; True while a job is still running."""
+        busy = False
+        for obj in self.kube.list("JobSet", None, f"{m.MANAGED_BY}={m.STASIS}"):
+            meta = obj.get("metadata") or {}
+            if not m.is_managed(obj) or meta.get("deletionTimestamp"):
+                continue
+            busy |= self.observe(obj)
+        return busy
+
+    def observe(self, obj: Mapping[str, Any]) -> bool:
+        """Report one JobSet's end and delete it; True while it runs."""
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace"), str(meta.get("name"))
+        job_id = str((meta.get("labels") or {}).get(js.LABEL_JOB) or name)
+        pods = js.pods_of(name, self.kube.list("Pod", namespace,
+                                               f"{js.JOBSET_NAME_LABEL}={name}"))
+        annotations = meta.get("annotations") or {}
+        uri = str(annotations.get(js.ANN_JOB_URI) or "")
+        now_ms = int(self.clock() * 1000)
+        ending = js.ending(obj, self._records(uri), pods, now_ms)
+        if ending is None:
+            failure = js.start_failure(pods)
+            if failure is None:
+                return True
+            host, why = failure
+            started = int(annotations.get(js.ANN_SUBMITTED_AT) or 0)
+            ending = js.Ending(False, "failed_to_start", None, host,
+                               f"host {host} cannot start: {why}",
+                               max(0, now_ms - started) if started else 0)
+        error = None
+        if not ending.succeeded:
+            tail = self._tail(uri, namespace, pods, ending.failed_host)
+            error = f"{ending.message}; its log:\n{tail}" if tail else ending.message
+            if len(error) > MAX_ERROR:  # the end of a log is what explains it
+                error = error[:200] + "\n...\n" + error[-(MAX_ERROR - 210):]
+        requestid = str(annotations.get(js.ANN_REQUESTID) or "")
+        key = f"{job_id}-finished-{requestid}"
+        if key not in self._reported:
+            payload = JobFinished(job_id, ending.succeeded, termination=ending.termination,
+                                  exit_status=ending.exit_status,
+                                  failed_host=ending.failed_host, error=error,
+                                  log_uri=f"{uri}/logs/" if uri else None,
+                                  duration_ms=ending.duration_ms)
+            self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
+                                       id=_event_id(key)))
+            self._reported.add(key)
+            log.info("job %s ended: %s", job_id, ending.message)
+        self.kube.delete("JobSet", namespace, name)
+        self.kube.delete("Service", namespace, js.service_name(name))
+        return False
+
+    # -- what the hosts left ---------------------------------------------------------------
+
+    def _records(self, uri: str) -> list[js.HostExit]:
+        if not uri:
+            return []
+        bucket, prefix = _split(uri)
+        found = []
+        for name in self.objects.list_objects(bucket, f"{prefix}/hosts/"):
+            if not name.endswith("/exit.json"):
+                continue
+            try:
+                record = json.loads(self.objects.get_bytes(bucket, name))
+                found.append(js.HostExit(int(record["host"]), int(record["exit_status"]),
+                                         int(record.get("finished_ms") or 0)))
+            except (ValueError, KeyError, TypeError):
+                continue  # a record cut short: the pod's status still counts
+        return found
+
+    def _tail(self, uri: str, namespace: Any, pods: list[Mapping[str, Any]],
+              host: int | None) -> str:
+        """The failed host's traceback, else the end of its log (bucket, else pod)."""
+        if host is None:
+            return ""
+        if uri:
+            bucket, prefix = _split(uri)
+            names = self.objects.list_objects(bucket, f"{prefix}/hosts/host-{host}/")
+            name = f"{prefix}/{js.traceback_object(host)}"
+            if name in names:
+                return self.objects.get_bytes(bucket, name).decode("utf-8", "replace")
+            chunks = sorted(self.objects.list_objects(bucket, f"{prefix}/logs/host-{host}/"))
+            lines: list[str] = []
+            for chunk in chunks[-LOG_TAIL_LINES:]:
+                lines += self.objects.get_bytes(bucket, chunk).decode(
+                    "utf-8", "replace").splitlines()
+            if lines:
+                return "\n".join(lines[-LOG_TAIL_LINES:])
+        for pod in pods:
+            if js.host_of(pod) == host:
+                text = self.kube.pod_log(str(namespace), str(pod["metadata"]["name"]),
+                                         "worker", limit_bytes=64 * 1024)
+                return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
+        return ""
+
+    # -- waking the monitor early -------------------------------------------------------------
+
+    @staticmethod
+    def watches(api_client: Any,
+                wake: threading.Event) -> list[Callable[[threading.Event], None]]:
+        """A watch on JobSets that sets ``wake`` on every change."""
+        from kubernetes import client
+
+        from runtime.kubernetes.monitor import _watch
+
+        custom = client.CustomObjectsApi(api_client)
+        group, version = js.API_VERSION.split("/")
+
+        def jobsets(stop: threading.Event) -> None:
+            _watch(stop, wake, custom.list_cluster_custom_object, group, version, "jobsets",
+                   label_selector=f"{m.MANAGED_BY}={m.STASIS}")
+
+        return [jobsets]
+
+
+def _split(uri: str) -> tuple[str, str]:
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+    return bucket, prefix.rstrip("/")
+
+
+def _event_id(key: str) -> str:
+    return hashlib.sha256(f"k8s-jobs:{key}".encode()).hexdigest()[:32]
