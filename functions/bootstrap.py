@@ -91,7 +91,8 @@ def _job_runtime() -> Any:
 
 
 def _sandbox_deps(db: Any, bus: Any) -> Any:
-    """Agent sandboxes: their Firestore store and where they run (the node agent locally)."""
+    """Agent sandboxes: their Firestore store and where they run (the node agent locally,
+    Pods under gVisor on the Kubernetes runtime)."""
     from functions.adapters.sandbox_runtime import LocalSandboxRuntime, NullSandboxRuntime
     from functions.adapters.sandbox_store import FirestoreSandboxStore
     from functions.handlers.sandbox_ports import SandboxDeps
@@ -102,8 +103,9 @@ def _sandbox_deps(db: Any, bus: Any) -> Any:
         runtime = LocalSandboxRuntime(
             os.environ.get("STASIS_NODE_AGENT_URL", "http://127.0.0.1:8714"))
     elif kind == "kubernetes":
-        runtime = NullSandboxRuntime(bus, "sandboxes on the Kubernetes runtime are not wired "
-                                          "yet (manifests: functions/domain/sandbox_manifests.py)")
+        from functions.adapters.kubernetes_sandbox_runtime import KubernetesSandboxRuntime
+
+        runtime = KubernetesSandboxRuntime.from_environment(bus=bus, project=project())
     return SandboxDeps(store=FirestoreSandboxStore(db), runtime=runtime)
 
 

@@ -592,6 +592,7 @@ class ProxySidecars(HttpSidecars):
 def main() -> None:
     from kubernetes import client, config
 
+    from runtime.kubernetes.sandbox_watch import SandboxWatch
     from runtime.local.publisher import PubSubPublisher
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -612,8 +613,11 @@ def main() -> None:
     sidecars: Sidecars = (HttpSidecars(settings.agent_port) if in_cluster
                           else ProxySidecars(api_client, settings.agent_port))
     project = os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or ""
-    monitor = Monitor(cluster, PubSubPublisher(project), sidecars, settings=settings,
-                      idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")))
+    bus = PubSubPublisher(project)
+    sandboxes = SandboxWatch.from_environment(cluster.pods, api_client, bus)
+    monitor = Monitor(cluster, bus, sidecars, settings=settings,
+                      idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")),
+                      watchers=[sandboxes])
     stop = threading.Event()
     monitor.run(stop, watches=cluster.watches(monitor.wake))
 

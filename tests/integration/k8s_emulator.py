@@ -28,6 +28,7 @@ RESOURCES = (
     "podsnapshot.gke.io/v1/podsnapshotstorageconfigs", "podsnapshot.gke.io/v1/podsnapshotpolicies",
     "podsnapshot.gke.io/v1/podsnapshotmanualtriggers", "podsnapshot.gke.io/v1/podsnapshots",
     "jobset.x-k8s.io/v1alpha2/jobsets",
+    "networking.gke.io/v1alpha1/fqdnnetworkpolicies",
 )
 
 

@@ -1,0 +1,427 @@
+"""Agent sandboxes on the Kubernetes runtime: the SandboxRuntime port over a cluster.
+
+``start(spec)`` returns once the cluster accepted the sandbox's objects; the cluster
+monitor's sandbox watch (``runtime.kubernetes.sandbox_watch``) reports the outcome as
+sandbox.finished. Steps:
+
+1. **Refuse** a repository that is not a git URL the control plane can fetch (``https``,
+   ``http``, ``ssh``, ``git`` or ``user@host:path``): a local path names a directory on
+   the requester's machine, which the cluster has never seen (``RuntimeRefused``).
+2. **Bundle** (once per sandbox): a bare clone of the repository, the base ref resolved to
+   a commit, ``git bundle create`` of that commit, uploaded to
+   ``gs://BUCKET/<result_prefix>/base.bundle`` with the commit in the object's metadata.
+3. **Sign** V4 URLs (:class:`GcsUrlSigner`): GET for the bundle, PUT for patch, log and
+   exit status; they expire after the wall clock plus an hour.
+4. **Apply** the team namespace and ``sandbox_manifests`` in order: policies before the
+   Pod, so the Pod never runs unconfined.
+
+Where the bundle is made: here, in the function, not in the Pod. The Pod's egress is
+default-deny (only Cloud Storage, by address); cloning in the Pod would need egress to
+any git host and, for a private repository, a credential inside the sandbox, both of
+which the sandbox must not have. The function has the network and the credentials
+already, and resolves the base ref exactly once: the commit is pinned in the bundle's
+metadata and the Pod's annotations, so the patch is against a known commit even if the
+branch moves, and a redelivered start uses the same commit. The price is the function's
+memory-backed ``/tmp`` (``max_bundle_bytes`` refuses bigger repositories).
+
+Idempotent per sandbox id: a ``result.json`` under the prefix (the watch wrote it) means
+the sandbox already ran; an existing Pod means it runs; an existing bundle is reused with
+its commit; objects are created with ``KubeApi.apply`` (409 on ours is success). The
+Secret keeps the URLs minted first.
+
+Signed URLs: on GCP, :class:`GcsUrlSigner` with the function's credentials; credentials
+without a private key (Cloud Functions, GKE metadata) sign through IAM ``signBlob``
+(``service_account_email`` + ``access_token``: the service account needs
+``roles/iam.serviceAccountTokenCreator`` on itself). The ``endpoint`` is where the Pod
+reaches Cloud Storage. Against fake-gcs-server, which checks no signature, the signer is
+injected: with ``STORAGE_EMULATOR_HOST`` set, :meth:`GcsUrlSigner.for_emulator` signs with
+a key made in memory and points the URLs at the emulator (or at
+``STASIS_K8S_SANDBOX_STORAGE_URL``, where the Pods reach it): the same code path as on
+GCP, with a key nothing trusts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from events import SandboxFinished, new_event
+from functions.adapters.kube_api import KubeApi
+from functions.domain import manifests as m
+from functions.domain import sandbox_manifests as sm
+from functions.domain.sandboxes import RunSpec, Termination
+from functions.domain.slugs import slug
+from functions.ports import Bus, RuntimeRefused, RuntimeUnavailable
+
+SOURCE = "//stasis/runtime/kubernetes"
+#: Schemes git may use to fetch a repository for a sandbox (``GIT_ALLOW_PROTOCOL``): never
+#: ``file`` (the function's own disk) nor ``ext`` (runs a command).
+GIT_PROTOCOLS = ("https", "http", "ssh", "git")
+GIT_TIMEOUT_S = 300.0
+_SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!//)[^\s]+$")
+_SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
+#: Kinds of a sandbox's objects, deleted Pod first (it stops using the Secret).
+OBJECT_KINDS = ("Pod", "Secret", "NetworkPolicy", "FQDNNetworkPolicy")
+
+
+class UrlSigner(Protocol):
+    def sign(self, bucket: str, name: str, *, method: str, content_type: str | None,
+             expires: timedelta) -> str:
+        """A URL through which whoever holds it may ``method`` the one object."""
+        ...
+
+
+class GcsUrlSigner:
+    """V4 signed URLs with google-cloud-storage (``Blob.generate_signed_url``)."""
+
+    def __init__(self, credentials: Any = None, *, endpoint: str | None = None) -> None:
+        """``credentials``: ``google.auth`` credentials (None: the environment's default);
+        ``endpoint``: where the URL points (None: https://storage.googleapis.com)."""
+        self._credentials = credentials
+        self.endpoint = endpoint
+
+    def sign(self, bucket: str, name: str, *, method: str, content_type: str | None,
+             expires: timedelta) -> str:
+        from google.auth.credentials import Signing
+        from google.cloud import storage
+
+        credentials = self._signing_credentials()
+        kwargs: dict[str, Any] = {}
+        if isinstance(credentials, Signing):
+            # A key (service account) or IAM through impersonation: it signs itself.
+            kwargs["credentials"] = credentials
+        else:
+            # No key (Cloud Functions, GKE metadata): IAM signBlob with a fresh token.
+            from google.auth.transport.requests import Request
+
+            if not credentials.valid:
+                credentials.refresh(Request())
+            kwargs.update(service_account_email=credentials.service_account_email,
+                          access_token=credentials.token)
+        if self.endpoint:
+            kwargs["api_access_endpoint"] = self.endpoint.rstrip("/")
+        blob = storage.Client.create_anonymous_client().bucket(bucket).blob(name)
+        return str(blob.generate_signed_url(version="v4", expiration=expires, method=method,
+                                            content_type=content_type, **kwargs))
+
+    @classmethod
+    def for_emulator(cls, endpoint: str) -> GcsUrlSigner:
+        """Signs with a key made now, for fake-gcs-server: it checks no signature (it
+        only needs the V4 query to take a PUT as an upload). Never for Cloud Storage,
+        which trusts no such key."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from google.oauth2 import service_account
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        credentials = service_account.Credentials.from_service_account_info({
+            "type": "service_account", "client_email": "sandbox-signer@emulator.invalid",
+            "private_key": pem, "token_uri": "http://127.0.0.1:9/token"})
+        return cls(credentials, endpoint=endpoint)
+
+    def _signing_credentials(self) -> Any:
+        if self._credentials is None:
+            import google.auth
+
+            self._credentials, _project = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        return self._credentials
+
+
+def git_url_problem(repository: str) -> str | None:
+    """Why the cluster cannot run a sandbox of ``repository`` (None: a usable URL)."""
+    scheme = urlsplit(repository).scheme.lower()
+    if scheme in GIT_PROTOCOLS and urlsplit(repository).netloc:
+        return None
+    if not scheme and _SCP_LIKE.match(repository) and not repository.startswith(("/", ".")):
+        return None  # git@github.com:org/repo.git
+    if scheme and scheme not in ("file",) and "://" in repository:
+        return (f"repository {repository!r} uses {scheme}://, which sandboxes on the "
+                f"Kubernetes runtime do not fetch; use {', '.join(GIT_PROTOCOLS)} or "
+                "user@host:path")
+    return (f"repository {repository!r} is a local path; sandboxes on the Kubernetes "
+            "runtime need a git URL the control plane can fetch (https://..., ssh://... or "
+            "git@host:org/repo.git): push the branch and pass its URL")
+
+
+class KubernetesSandboxRuntime:
+    name = "kubernetes"
+
+    def __init__(self, api_client: Any = None, *, storage: Any, signer: UrlSigner,
+                 settings: sm.SandboxClusterSettings | None = None,
+                 cluster: m.ClusterSettings | None = None, bus: Bus | None = None,
+                 max_bundle_bytes: int = 1 << 30,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``storage``: a ``google.cloud.storage.Client`` (the function's: uploads the
+        bundle); ``signer``: mints the Pod's URLs; ``bus``: where ``cancel`` reports."""
+        self.kube = KubeApi(api_client)
+        self.storage = storage
+        self.signer = signer
+        self.settings = settings or sm.SandboxClusterSettings()
+        self.cluster = cluster or m.ClusterSettings(
+            namespace_prefix=self.settings.namespace_prefix)
+        self.bus = bus
+        self.max_bundle_bytes = max_bundle_bytes
+        self._clock = clock
+
+    @classmethod
+    def from_environment(cls, *, bus: Bus | None = None, storage: Any = None,
+                         project: str | None = None) -> KubernetesSandboxRuntime:
+        """Settings from ``STASIS_K8S_*`` (see the README's Kubernetes section)."""
+        from google.cloud import storage as gcs
+
+        env = os.environ.get
+        defaults = sm.SandboxClusterSettings()
+        cidrs = env("STASIS_K8S_SANDBOX_TRANSFER_CIDRS")
+        aliases = env("STASIS_K8S_SANDBOX_HOST_ALIASES")  # "ip=host,host;ip=host"
+        settings = sm.SandboxClusterSettings(
+            namespace_prefix=env("STASIS_K8S_NAMESPACE_PREFIX", defaults.namespace_prefix),
+            runtime_class=env("STASIS_K8S_SANDBOX_RUNTIME_CLASS", defaults.runtime_class),
+            task_image=env("STASIS_K8S_SANDBOX_IMAGE", defaults.task_image),
+            tools_image=env("STASIS_K8S_SANDBOX_TOOLS_IMAGE", defaults.tools_image),
+            transfer_cidrs=tuple(c for c in cidrs.split(",") if c) if cidrs is not None
+            else defaults.transfer_cidrs,
+            transfer_host_aliases=_aliases(aliases) if aliases is not None
+            else defaults.transfer_host_aliases,
+        )
+        emulator = env("STORAGE_EMULATOR_HOST")
+        endpoint = env("STASIS_K8S_SANDBOX_STORAGE_URL") or emulator
+        signer = (GcsUrlSigner.for_emulator(endpoint) if emulator and endpoint
+                  else GcsUrlSigner(endpoint=endpoint or None))
+        if storage is None:
+            storage = (gcs.Client.create_anonymous_client() if emulator
+                       else gcs.Client(project=project))
+        return cls(storage=storage, signer=signer, settings=settings, bus=bus)
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def start(self, spec: RunSpec) -> None:
+        problem = git_url_problem(spec.repository)
+        if problem:
+            raise RuntimeRefused(problem)
+        if spec.base_ref.startswith("-"):
+            raise RuntimeRefused(f"base ref {spec.base_ref!r} is not a git ref")
+        namespace = sm.namespace_of(spec.team, self.settings)
+        bucket = self._bucket(spec.bucket)
+        if self._exists(bucket, _object(spec, sm.RESULT_OBJECT)):
+            return  # it ran and was reported: a redelivered start changes nothing
+        pod = self.kube.read("Pod", namespace, sm.object_name(spec.sandbox_id))
+        if pod is not None:
+            if m.annotations_of(pod).get(sm.ANN_SANDBOX_ID) != spec.sandbox_id:
+                raise RuntimeRefused(f"pod {namespace}/{sm.object_name(spec.sandbox_id)} "
+                                     f"exists and is not sandbox {spec.sandbox_id}'s")
+            return  # already running
+        base_sha = self._bundle(spec, bucket)
+        expires = timedelta(seconds=min(spec.limits.wall_clock_seconds + 3600, 7 * 86400))
+        urls = {key: self._sign(spec, obj, method, content_type, expires)
+                for key, (obj, method, content_type) in sm.URL_OBJECTS.items()}
+        self.kube.apply(m.team_namespace(spec.team, self.cluster))
+        for obj in sm.sandbox_manifests(spec, base_sha, urls, self.settings):
+            self.kube.apply(obj)
+
+    def resume(self, spec: RunSpec) -> None:
+        raise RuntimeRefused("sandboxes on the Kubernetes runtime are never suspended, so "
+                             f"there is nothing of {spec.sandbox_id} to resume")
+
+    def cancel(self, sandbox_id: str) -> None:
+        """Delete the sandbox's Pod, Secret and policies. A sandbox still running is
+        reported ``cancelled`` (when a bus is given), with the deterministic event id of
+        the watch's report, so either report is the one that counts."""
+        pods = self.sandbox_pods(sandbox_id)
+        for pod in pods:
+            annotations = m.annotations_of(pod)
+            if self.bus is not None and not sm.pod_ended(pod):
+                self._report_cancelled(pod, annotations)
+        namespaces = {str((p.get("metadata") or {}).get("namespace")) for p in pods}
+        namespaces |= {str((s.get("metadata") or {}).get("namespace"))
+                       for s in self._all_namespaces("Secret", sandbox_id)}
+        for namespace in namespaces:
+            delete_objects(self.kube, namespace, sandbox_id)
+
+    def status(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The Pod's phase and what its end means so far (None: no Pod)."""
+        pods = self.sandbox_pods(sandbox_id)
+        if not pods:
+            return None
+        pod = pods[0]
+        outcome = sm.pod_outcome(pod, None)
+        meta = pod.get("metadata") or {}
+        return {"sandbox_id": sandbox_id, "namespace": meta.get("namespace"),
+                "pod": meta.get("name"), "phase": (pod.get("status") or {}).get("phase"),
+                "state": "running" if outcome is None else "ended",
+                "base_sha": m.annotations_of(pod).get(sm.ANN_BASE_SHA)}
+
+    # -- the cluster ---------------------------------------------------------------------------
+
+    def sandbox_pods(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
+        """Sandbox Pods in every namespace (of one sandbox, or all)."""
+        return self._all_namespaces("Pod", sandbox_id)
+
+    def _all_namespaces(self, kind: str, sandbox_id: str | None) -> list[dict[str, Any]]:
+        core = self.kube.api("CoreV1Api")
+        fn = {"Pod": core.list_pod_for_all_namespaces,
+              "Secret": core.list_secret_for_all_namespaces}[kind]
+        data = self.kube.call(fn, label_selector=sm.sandbox_labels_selector(sandbox_id))
+        items = [i for i in data.get("items") or [] if isinstance(i, dict) and sm.is_sandbox(i)]
+        if sandbox_id is None:
+            return items
+        # The selector narrows what the server sends; the annotation decides.
+        return [i for i in items if m.annotations_of(i).get(sm.ANN_SANDBOX_ID, sandbox_id)
+                == sandbox_id and _label(i) == slug(sandbox_id)]
+
+    def _report_cancelled(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+        sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
+        bucket = self._bucket(str(annotations.get(sm.ANN_BUCKET) or ""))
+        prefix = str(annotations.get(sm.ANN_PREFIX) or "")
+        if not sandbox_id or self._exists(bucket, f"{prefix}/{sm.RESULT_OBJECT}"):
+            return
+        payload = SandboxFinished(
+            sandbox_id, False, termination=Termination.CANCELLED,
+            error="cancelled: the sandbox's pod was deleted", base_sha=annotations.get(
+                sm.ANN_BASE_SHA), network=str(annotations.get(sm.ANN_NETWORK) or ""))
+        write_result(bucket, prefix, payload)
+        assert self.bus is not None
+        requestid = str(annotations.get(sm.ANN_REQUESTID) or "") or None
+        self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid,
+                                   id=finished_event_id(sandbox_id, requestid or "")))
+
+    # -- the bundle ------------------------------------------------------------------------
+
+    def _bundle(self, spec: RunSpec, bucket: Any) -> str:
+        """The base commit; its bundle is in Cloud Storage (made now, or before)."""
+        blob = bucket.blob(_object(spec, sm.BUNDLE_OBJECT))
+        if _reload(blob):
+            sha = (blob.metadata or {}).get("base-sha")
+            if sha:
+                return str(sha)
+        with tempfile.TemporaryDirectory(prefix="stasis-bundle-") as tmp:
+            repo = Path(tmp) / "repo.git"
+            self._git(["clone", "--bare", "--quiet", "--", spec.repository, str(repo)],
+                      what=f"cloning {spec.repository}")
+            sha = self._git(["rev-parse", "--verify", "--quiet", "--end-of-options",
+                             f"{spec.base_ref}^{{commit}}"], cwd=repo,
+                            what=f"base ref {spec.base_ref!r} of {spec.repository}",
+                            refused=True).strip()
+            if not _SHA.match(sha):
+                raise RuntimeRefused(f"base ref {spec.base_ref!r} of {spec.repository} did "
+                                     f"not resolve to a commit ({sha!r})")
+            self._git(["update-ref", "refs/heads/stasis-base", sha], cwd=repo, what="bundle")
+            self._git(["symbolic-ref", "HEAD", "refs/heads/stasis-base"], cwd=repo,
+                      what="bundle")
+            path = Path(tmp) / sm.BUNDLE_OBJECT
+            self._git(["bundle", "create", "--quiet", str(path), "HEAD",
+                       "refs/heads/stasis-base"], cwd=repo, what="bundle")
+            size = path.stat().st_size
+            if size > self.max_bundle_bytes:
+                raise RuntimeRefused(
+                    f"the repository's history at {sha[:12]} is {size >> 20} MiB, more than "
+                    f"the {self.max_bundle_bytes >> 20} MiB a sandbox takes")
+            blob.metadata = {"base-sha": sha}
+            try:
+                blob.upload_from_filename(str(path), content_type="application/x-git-bundle")
+            except Exception as exc:  # any transport or server error: try again later
+                raise RuntimeUnavailable(f"uploading the bundle to gs://{bucket.name}/"
+                                         f"{blob.name} failed: {exc}") from exc
+        return sha
+
+    def _git(self, args: list[str], *, what: str, cwd: Path | None = None,
+             refused: bool = False) -> str:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tempfile.gettempdir(),
+               "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": ":".join(GIT_PROTOCOLS),
+               "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C"}
+        for key in ("GIT_SSH_COMMAND", "GIT_CONFIG_GLOBAL", "SSL_CERT_FILE", "HTTPS_PROXY",
+                    "NO_PROXY"):
+            if os.environ.get(key):
+                env[key] = os.environ[key]
+        try:
+            done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True,
+                                  text=True, timeout=GIT_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeUnavailable(f"{what}: git took more than {GIT_TIMEOUT_S:g} s") \
+                from exc
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            why = lines[-1] if lines else f"exit status {done.returncode}"
+            if refused or args[0] == "clone":
+                # A wrong URL, a private repository or an unknown ref: retrying won't help.
+                raise RuntimeRefused(f"{what}: {why}" if lines or not refused
+                                     else f"{what} not found")
+            raise RuntimeUnavailable(f"{what}: git {args[0]} failed: {why}")
+        return done.stdout
+
+    # -- Cloud Storage ---------------------------------------------------------------------
+
+    def _bucket(self, name: str) -> Any:
+        return self.storage.bucket(name)
+
+    def _exists(self, bucket: Any, name: str) -> bool:
+        return _reload(bucket.blob(name))
+
+    def _sign(self, spec: RunSpec, obj: str, method: str, content_type: str | None,
+              expires: timedelta) -> str:
+        return self.signer.sign(spec.bucket, _object(spec, obj), method=method,
+                                content_type=content_type, expires=expires)
+
+
+def _object(spec: RunSpec, name: str) -> str:
+    return f"{spec.prefix.strip('/')}/{name}"
+
+
+def _label(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(sm.LABEL_SANDBOX) or "")
+
+
+def _aliases(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    out = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        ip, _, hosts = entry.partition("=")
+        out.append((ip.strip(), tuple(h.strip() for h in hosts.split(",") if h.strip())))
+    return tuple(out)
+
+
+def _reload(blob: Any) -> bool:
+    """Load the object's metadata; False when it does not exist."""
+    from google.api_core.exceptions import NotFound
+
+    try:
+        blob.reload()
+    except NotFound:
+        return False
+    except Exception as exc:
+        raise RuntimeUnavailable(f"Cloud Storage: reading gs://{blob.bucket.name}/{blob.name} "
+                                 f"failed: {exc}") from exc
+    return True
+
+
+def finished_event_id(sandbox_id: str, requestid: str) -> str:
+    """The one id of a sandbox's sandbox.finished, whoever reports it."""
+    import hashlib
+
+    return hashlib.sha256(f"k8s-sandbox:{sandbox_id}:{requestid}".encode()).hexdigest()[:32]
+
+
+def write_result(bucket: Any, prefix: str, payload: SandboxFinished) -> None:
+    """``result.json``: what was reported, so nobody reports (or starts) it again."""
+    import dataclasses
+
+    bucket.blob(f"{prefix.strip('/')}/{sm.RESULT_OBJECT}").upload_from_string(
+        json.dumps(dataclasses.asdict(payload), indent=2), content_type="application/json")
+
+
+def delete_objects(kube: KubeApi, namespace: str, sandbox_id: str) -> None:
+    """Delete one sandbox's Pod, Secret and policies (missing ones are fine)."""
+    base = sm.object_name(sandbox_id)
+    for kind in OBJECT_KINDS:
+        kube.delete(kind, namespace, base)
+    kube.delete("NetworkPolicy", namespace, sm.dns_policy_name(sandbox_id))

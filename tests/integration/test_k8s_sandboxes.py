@@ -1,0 +1,589 @@
+"""Agent sandboxes on the Kubernetes runtime, over HTTP: the sandbox runtime adapter and the
+monitor's sandbox watch, through the official ``kubernetes`` client against kmock's
+``KubernetesEmulator``, with the bundle and results in fake-gcs-server and sandbox.finished
+on the Pub/Sub emulator.
+
+The repository is a real git repository served over HTTP (git's "dumb" protocol, a plain
+file server). The tests play the parts the emulator does not have: the kubelet (the Pod's
+phase and container states) and the collector (uploading exit status, patch and log). One
+test runs the Pod's own checkout, task and collector scripts with ``/bin/sh``, with their
+directories moved into a temporary one and the signed URLs of the Secret the adapter made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.server
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import kubernetes_validate.utils
+import pytest
+import requests
+from google.cloud import pubsub_v1, storage
+from k8s_emulator import EmulatedCluster, emulated_cluster
+from kubernetes import client
+
+import events
+from events import SandboxFinished
+from functions.adapters.kube_api import KubeApi
+from functions.adapters.kubernetes_sandbox_runtime import (
+    GcsUrlSigner,
+    KubernetesSandboxRuntime,
+    finished_event_id,
+)
+from functions.domain import sandbox_manifests as sm
+from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
+from functions.ports import RuntimeRefused
+from runtime.kubernetes.monitor import KubeCluster
+from runtime.kubernetes.sandbox_watch import SandboxWatch
+from runtime.local.publisher import PubSubPublisher
+
+K8S_VERSION = "1.35"
+TEAM = "ml-a"
+NAMESPACE = "stasis-ml-a"
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false"]
+CALC = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
+FIX = "sed -i 's/a - b/a + b/' calc.py && echo fixed > NOTES.txt"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _schemas_read_once() -> Iterator[None]:
+    """kubernetes-validate parses its schema files on every call; read them once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents", functools.cache(
+            kubernetes_validate.utils.schema_contents))
+        yield
+
+
+# -- the parts: a git server, the cluster, storage, Pub/Sub --------------------------------
+
+
+@dataclass
+class Repo:
+    path: Path
+    url: str
+    head: str
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Iterator[Repo]:
+    """A repository whose test fails, served read-only over HTTP."""
+    work = tmp_path / "src"
+    work.mkdir()
+    _git("init", "-q", "-b", "main", cwd=work)
+    (work / "calc.py").write_text(CALC)
+    (work / "test_calc.py").write_text(TEST)
+    _git("add", ".", cwd=work)
+    _git("commit", "-qm", "add, with a bug", cwd=work)
+    served = tmp_path / "served"
+    served.mkdir()
+    _git("clone", "-q", "--bare", str(work), str(served / "calc.git"), cwd=tmp_path)
+    _git("update-server-info", cwd=served / "calc.git")
+    handler = functools.partial(_QuietHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Repo(work, f"http://127.0.0.1:{server.server_address[1]}/calc.git",
+                   _git("rev-parse", "HEAD", cwd=work))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def cluster() -> Iterator[EmulatedCluster]:
+    with emulated_cluster() as running:
+        yield running
+
+
+@pytest.fixture
+def bucket(emulator_env: dict[str, str]) -> storage.Bucket:
+    gcs = storage.Client.create_anonymous_client()
+    return gcs.create_bucket(emulator_env["STASIS_SNAPSHOT_BUCKET"])
+
+
+class Finished:
+    """sandbox.finished as the control plane would receive it: a pull subscription."""
+
+    def __init__(self, project: str) -> None:
+        self.subscriber = pubsub_v1.SubscriberClient()
+        topic = f"projects/{project}/topics/{events.spec_for('sandbox.finished').topic}"
+        pubsub_v1.PublisherClient().create_topic(request={"name": topic})
+        self.subscription = self.subscriber.subscription_path(project, "test-sandbox-finished")
+        self.subscriber.create_subscription(request={"name": self.subscription,
+                                                     "topic": topic})
+
+    def pull(self, want: int = 1, timeout: float = 30.0) -> list[events.Event[Any]]:
+        got: list[events.Event[Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < want and time.monotonic() < deadline:
+            response = self.subscriber.pull(request={
+                "subscription": self.subscription, "max_messages": 10,
+                "return_immediately": True}, timeout=10)
+            for received in response.received_messages:
+                got.append(events.from_pubsub(received.message.data,
+                                              dict(received.message.attributes)))
+            if response.received_messages:
+                self.subscriber.acknowledge(request={
+                    "subscription": self.subscription,
+                    "ack_ids": [r.ack_id for r in response.received_messages]})
+            else:
+                time.sleep(0.1)
+        return got
+
+    def none_pending(self) -> bool:
+        response = self.subscriber.pull(request={"subscription": self.subscription,
+                                                 "max_messages": 10,
+                                                 "return_immediately": True}, timeout=10)
+        return not response.received_messages
+
+
+@pytest.fixture
+def finished(emulator_env: dict[str, str]) -> Finished:
+    return Finished(emulator_env["STASIS_PROJECT"])
+
+
+class RecordingKube(KubeApi):
+    """The real API client, noting what was applied in which order."""
+
+    def __init__(self, api_client: Any) -> None:
+        super().__init__(api_client)
+        self.applied: list[tuple[str, str]] = []
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.applied.append((obj["kind"], obj["metadata"]["name"]))
+        super().apply(obj)
+
+
+@pytest.fixture
+def runtime(cluster: EmulatedCluster, bucket: storage.Bucket, emulators: Any,
+            emulator_env: dict[str, str]) -> KubernetesSandboxRuntime:
+    runtime = KubernetesSandboxRuntime(
+        cluster.api_client, storage=bucket.client,
+        signer=GcsUrlSigner.for_emulator(emulators.gcs.url),
+        bus=PubSubPublisher(emulator_env["STASIS_PROJECT"]))
+    runtime.kube = RecordingKube(cluster.api_client)
+    return runtime
+
+
+@pytest.fixture
+def watch(cluster: EmulatedCluster, bucket: storage.Bucket,
+          emulator_env: dict[str, str]) -> SandboxWatch:
+    return SandboxWatch(KubeCluster(cluster.api_client).pods, KubeApi(cluster.api_client),
+                        bucket.client, PubSubPublisher(emulator_env["STASIS_PROJECT"]))
+
+
+def spec_for(repo: Repo, bucket: storage.Bucket, sandbox_id: str = "sbx-1", *,
+             command: str = FIX, allowed: tuple[str, ...] = (),
+             repository: str | None = None, base_ref: str = "main") -> RunSpec:
+    return RunSpec(sandbox_id, TEAM, repository or repo.url, base_ref, command,
+                   DEFAULT_LIMITS, allowed, f"req-{sandbox_id}", bucket.name,
+                   result_prefix(TEAM, sandbox_id))
+
+
+# -- reading the cluster -----------------------------------------------------------------
+
+
+def core(cluster: EmulatedCluster) -> client.CoreV1Api:
+    return client.CoreV1Api(cluster.api_client)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def read(cluster: EmulatedCluster, kind: str, name: str) -> dict[str, Any] | None:
+    return KubeApi(cluster.api_client).read(kind, NAMESPACE, name)
+
+
+def sandbox_objects(cluster: EmulatedCluster) -> list[tuple[str, str]]:
+    """Every object of the team namespace, as (kind, name)."""
+    api = KubeApi(cluster.api_client)
+    return sorted((kind, o["metadata"]["name"])
+                  for kind in ("Pod", "Secret", "NetworkPolicy", "FQDNNetworkPolicy")
+                  for o in api.list(kind, NAMESPACE))
+
+
+def kubelet(cluster: EmulatedCluster, spec: RunSpec, status: dict[str, Any]) -> None:
+    """Play the kubelet: the Pod's status."""
+    core(cluster).patch_namespaced_pod_status(sm.object_name(spec.sandbox_id), NAMESPACE,
+                                              {"status": status}, _preload_content=False)
+
+
+def collector(bucket: storage.Bucket, spec: RunSpec, exit_status: str | None,
+              patch: str | None = None, log: str = "") -> None:
+    """Play the collector: what it uploads through its signed URLs."""
+    if patch is not None:
+        bucket.blob(f"{spec.prefix}/{sm.PATCH_OBJECT}").upload_from_string(
+            patch, content_type="text/x-diff")
+    bucket.blob(f"{spec.prefix}/{sm.LOG_OBJECT}").upload_from_string(log)
+    if exit_status is not None:
+        bucket.blob(f"{spec.prefix}/{sm.STATUS_OBJECT}").upload_from_string(exit_status)
+
+
+def names(bucket: storage.Bucket, spec: RunSpec) -> list[str]:
+    return sorted(b.name.rsplit("/", 1)[-1]
+                  for b in bucket.client.list_blobs(bucket.name, prefix=f"{spec.prefix}/"))
+
+
+def terminated(name: str, code: int, reason: str = "Completed") -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {
+        "exitCode": code, "reason": reason, "startedAt": "2026-01-01T00:00:10Z",
+        "finishedAt": "2026-01-01T00:01:40Z"}}}
+
+
+# -- start -----------------------------------------------------------------------------------
+
+
+def test_start_bundles_the_base_commit_and_applies_policies_before_the_pod(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, repo: Repo,
+        bucket: storage.Bucket, tmp_path: Path) -> None:
+    spec = spec_for(repo, bucket, allowed=("pypi.org", "10.20.0.0/16"))
+    runtime.start(spec)
+
+    applied = runtime.kube.applied  # type: ignore[attr-defined]
+    assert [kind for kind, _ in applied] == ["Namespace", "NetworkPolicy", "NetworkPolicy",
+                                             "FQDNNetworkPolicy", "Secret", "Pod"]
+    for kind, name in applied[1:]:
+        obj = read(cluster, kind, name)
+        assert obj is not None, (kind, name)
+        if kind != "FQDNNetworkPolicy":  # a GKE CRD, not in the Kubernetes schema
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    namespace = KubeApi(cluster.api_client).read("Namespace", None, NAMESPACE)
+    assert namespace is not None
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+    pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    assert pod is not None
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[sm.ANN_BASE_SHA] == repo.head
+    assert annotations[sm.ANN_SANDBOX_ID] == spec.sandbox_id
+    assert annotations[sm.ANN_REQUESTID] == spec.requestid
+    assert "only pypi.org, 10.20.0.0/16" in annotations[sm.ANN_NETWORK]
+
+    bundle = bucket.get_blob(f"{spec.prefix}/{sm.BUNDLE_OBJECT}")
+    assert bundle is not None and bundle.metadata == {"base-sha": repo.head}
+    secret = read(cluster, "Secret", sm.object_name(spec.sandbox_id))
+    assert secret is not None
+    urls = secret["stringData"]
+    assert set(urls) == set(sm.SECRET_KEYS)
+    for key, (obj, _method, _type) in sm.URL_OBJECTS.items():
+        assert urls[key].startswith(f"{os.environ['STORAGE_EMULATOR_HOST']}/{bucket.name}/"
+                                    f"{spec.prefix}/{obj}?")
+        assert "X-Goog-Signature=" in urls[key] and "X-Goog-Algorithm=GOOG4-RSA-SHA256" in urls[key]
+    # The signed GET fetches the bundle, and the bundle holds the base commit.
+    fetched = tmp_path / "fetched.bundle"
+    fetched.write_bytes(requests.get(urls["bundle-url"], timeout=10).content)
+    _git("clone", "-q", "--no-checkout", str(fetched), str(tmp_path / "clone"), cwd=tmp_path)
+    assert _git("rev-parse", f"{repo.head}^{{commit}}", cwd=tmp_path / "clone") == repo.head
+
+
+def test_a_redelivered_start_changes_nothing(cluster: EmulatedCluster,
+                                             runtime: KubernetesSandboxRuntime, repo: Repo,
+                                             bucket: storage.Bucket) -> None:
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    before = {kind: read(cluster, kind, name) for kind, name in sandbox_objects(cluster)}
+    generation = bucket.get_blob(f"{spec.prefix}/{sm.BUNDLE_OBJECT}").generation
+    applied = len(runtime.kube.applied)  # type: ignore[attr-defined]
+    # The branch moves on meanwhile: a redelivery must not pick the new commit.
+    (repo.path / "later.txt").write_text("later\n")
+    _git("add", ".", cwd=repo.path)
+    _git("commit", "-qm", "later", cwd=repo.path)
+
+    runtime.start(spec)
+    assert len(runtime.kube.applied) == applied  # type: ignore[attr-defined]
+    after = {kind: read(cluster, kind, name) for kind, name in sandbox_objects(cluster)}
+    assert after == before
+    assert bucket.get_blob(f"{spec.prefix}/{sm.BUNDLE_OBJECT}").generation == generation
+
+    # Crashed after the bundle, before the Pod: the start completes with the same commit.
+    KubeApi(cluster.api_client).delete("Pod", NAMESPACE, sm.object_name(spec.sandbox_id))
+    runtime.start(spec)
+    pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    assert pod is not None and pod["metadata"]["annotations"][sm.ANN_BASE_SHA] == repo.head
+
+
+def test_a_start_after_the_sandbox_was_reported_starts_nothing(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, finished: Finished) -> None:
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    collector(bucket, spec, "0 exited")
+    kubelet(cluster, spec, {"phase": "Succeeded"})
+    watch.sync()
+    assert [e.payload.sandbox_id for e in finished.pull()] == [spec.sandbox_id]
+    assert sandbox_objects(cluster) == []
+    runtime.start(spec)
+    assert sandbox_objects(cluster) == []
+
+
+@pytest.mark.parametrize("where", ["path", "relative", "file-url"])
+def test_a_local_repository_is_refused(cluster: EmulatedCluster,
+                                       runtime: KubernetesSandboxRuntime, repo: Repo,
+                                       bucket: storage.Bucket, where: str) -> None:
+    repository = {"path": str(repo.path), "relative": "./src",
+                  "file-url": f"file://{repo.path}"}[where]
+    with pytest.raises(RuntimeRefused, match="local path; sandboxes on the Kubernetes runtime "
+                                             "need a git URL"):
+        runtime.start(spec_for(repo, bucket, repository=repository))
+    assert runtime.kube.applied == []  # type: ignore[attr-defined]
+    assert names(bucket, spec_for(repo, bucket)) == []
+
+
+def test_an_unknown_base_ref_is_refused(runtime: KubernetesSandboxRuntime, repo: Repo,
+                                        bucket: storage.Bucket) -> None:
+    with pytest.raises(RuntimeRefused, match="base ref 'no-such-branch'"):
+        runtime.start(spec_for(repo, bucket, base_ref="no-such-branch"))
+    with pytest.raises(RuntimeRefused, match=r"cloning http://127\.0\.0\.1"):
+        runtime.start(spec_for(repo, bucket, repository=repo.url.replace("calc", "nothing")))
+    assert runtime.kube.applied == []  # type: ignore[attr-defined]
+
+
+# -- the watch ------------------------------------------------------------------------------
+
+PATCH = ("diff --git a/calc.py b/calc.py\nindex 1..2 100644\n--- a/calc.py\n+++ b/calc.py\n"
+         "@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+         "diff --git a/NOTES.txt b/NOTES.txt\nnew file mode 100644\n")
+
+
+@dataclass(frozen=True)
+class Case:
+    status: dict[str, Any]
+    exit_status: str | None
+    termination: str
+    code: int | None
+    error: str | None
+    patch: bool = False
+
+
+CASES = {
+    "succeeded": Case({"phase": "Succeeded", "containerStatuses": [terminated("task", 0)]},
+                      "0 exited", "exited", 0, None, patch=True),
+    "exit-1": Case({"phase": "Succeeded"}, "1 exited", "exited", 1, "exit status 1",
+                   patch=True),
+    "oom": Case({"phase": "Running", "containerStatuses": [
+        terminated("task", 137, "OOMKilled"),
+        {"name": "collector", "state": {"running": {}}}]}, None, "memory_limit_exceeded",
+        137, "the task used more memory than its limit (2Gi) and was killed"),
+    "deadline": Case({"phase": "Failed", "reason": "DeadlineExceeded"}, None,
+                     "wall_clock_exceeded", None,
+                     "the pod passed its deadline of 1500 s (the wall clock plus the time to "
+                     "fetch and collect); no patch was collected"),
+    "wall-clock": Case({"phase": "Succeeded"}, "124 wall_clock_exceeded",
+                       "wall_clock_exceeded", 124,
+                       "the task ran past its wall clock of 900 s and was stopped", patch=True),
+    "cpu": Case({"phase": "Succeeded"}, "152 exited", "cpu_time_exceeded", 152,
+                "the task used more than 600 CPU seconds (SIGXCPU)", patch=True),
+    "image": Case({"phase": "Pending", "containerStatuses": [{"name": "task", "state": {
+        "waiting": {"reason": "ImagePullBackOff", "message": "manifest unknown"}}}]}, None,
+        "failed_to_start", None,
+        "container task cannot start: ImagePullBackOff: manifest unknown"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_watch_reports_how_the_pod_ended_and_cleans_up(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, finished: Finished, case: str) -> None:
+    want = CASES[case]
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    assert watch.sync() is True  # running: nothing to report
+    assert finished.none_pending()
+
+    collector(bucket, spec, want.exit_status, PATCH if want.patch else None, log="the log\n")
+    kubelet(cluster, spec, want.status)
+    assert watch.sync() is False
+
+    [event] = finished.pull()
+    payload = event.payload
+    assert isinstance(payload, SandboxFinished)
+    assert event.requestid == spec.requestid
+    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert (payload.termination, payload.exit_status, payload.error) == (
+        want.termination, want.code, want.error)
+    assert payload.succeeded is (case == "succeeded")
+    assert payload.base_sha == repo.head
+    assert payload.network.startswith("none: default-deny NetworkPolicy")
+    assert payload.log_uri == f"gs://{bucket.name}/{spec.prefix}/{sm.LOG_OBJECT}"
+    if want.patch:
+        assert payload.patch_uri == f"gs://{bucket.name}/{spec.prefix}/{sm.PATCH_OBJECT}"
+        assert payload.patch_bytes == len(PATCH)
+        assert payload.files_changed == ["calc.py", "NOTES.txt"]
+    else:
+        assert (payload.patch_uri, payload.patch_bytes, payload.files_changed) == (None, 0, [])
+    if case == "succeeded":
+        assert payload.duration_ms == 90_000
+    # Cleaned up: no objects, no bundle; the result stays for the record.
+    assert sandbox_objects(cluster) == []
+    assert sm.RESULT_OBJECT in names(bucket, spec)
+    assert sm.BUNDLE_OBJECT not in names(bucket, spec)
+    assert watch.sync() is False and finished.none_pending()
+
+
+class FailingBus:
+    def publish(self, event: Any) -> str:
+        raise ConnectionError("Pub/Sub is down")
+
+
+def test_a_watch_that_died_before_publishing_reports_after_its_restart(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, finished: Finished) -> None:
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    collector(bucket, spec, "0 exited", PATCH)
+    kubelet(cluster, spec, {"phase": "Succeeded"})
+    dying = SandboxWatch(watch.pods, watch.kube, watch.storage, FailingBus())
+    with pytest.raises(ConnectionError):
+        dying.sync()
+    assert sm.RESULT_OBJECT in names(bucket, spec)
+    assert ("Pod", sm.object_name(spec.sandbox_id)) in sandbox_objects(cluster)
+    # Whatever the cluster shows now, the report is the one already written.
+    kubelet(cluster, spec, {"phase": "Failed", "reason": "DeadlineExceeded"})
+
+    assert watch.sync() is False
+    [event] = finished.pull()
+    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert event.payload.termination == "exited" and event.payload.succeeded
+    assert sandbox_objects(cluster) == []
+
+
+def test_cancel_deletes_the_objects_and_reports_cancelled(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, repo: Repo,
+        bucket: storage.Bucket, finished: Finished) -> None:
+    spec = spec_for(repo, bucket, allowed=("pypi.org",))
+    runtime.start(spec)
+    assert len(sandbox_objects(cluster)) == 5
+    assert runtime.status(spec.sandbox_id) == {
+        "sandbox_id": spec.sandbox_id, "namespace": NAMESPACE,
+        "pod": sm.object_name(spec.sandbox_id), "phase": None, "state": "running",
+        "base_sha": repo.head}
+    runtime.cancel(spec.sandbox_id)
+    assert sandbox_objects(cluster) == []
+    [event] = finished.pull()
+    assert (event.payload.termination, event.payload.succeeded) == ("cancelled", False)
+    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    runtime.cancel(spec.sandbox_id)  # idempotent
+    assert runtime.status(spec.sandbox_id) is None and finished.none_pending()
+
+
+# -- the Pod's own scripts, run for real ----------------------------------------------------
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = pod["spec"]
+    return next(c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == name)
+
+
+def _run_container(pod: dict[str, Any], secret: dict[str, Any], name: str,
+                   root: Path) -> subprocess.CompletedProcess[str]:
+    """One container's script with /bin/sh, its volumes moved under ``root``."""
+    container = _container(pod, name)
+    moved = re.compile(r"(?<![\w/.-])/(work|results|private|tmp)\b")
+
+    def move(text: str) -> str:
+        return moved.sub(lambda match: f"{root}/{match.group(1)}", text)
+
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+    for entry in container["env"]:
+        if "valueFrom" in entry:
+            env[entry["name"]] = secret["stringData"][entry["valueFrom"]["secretKeyRef"]["key"]]
+        elif moved.fullmatch(entry["value"]):  # HOME=/tmp; the task's command stays as is
+            env[entry["name"]] = move(entry["value"])
+        else:
+            env[entry["name"]] = entry["value"]
+    return subprocess.run(["/bin/sh", "-c", move(container["command"][2])], env=env,
+                          cwd=move(container.get("workingDir", "/work")), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_pod_scripts_return_a_patch_that_fixes_the_test(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, finished: Finished, tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    for volume in ("work", "results", "private", "tmp"):
+        (root / volume).mkdir(parents=True)
+    # The task fixes the bug, and plants a hook and an fsmonitor that would run in the
+    # collector (which holds the upload URLs) if it trusted the repository's config.
+    planted = root / "planted-ran"
+    command = (f"{FIX} && git config core.fsmonitor 'touch {planted}' && "
+               f"printf '#!/bin/sh\\ntouch {planted}\\n' > .git/hooks/pre-commit && "
+               "chmod +x .git/hooks/pre-commit")
+    spec = spec_for(repo, bucket, command=command)
+    runtime.start(spec)
+    pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    secret = read(cluster, "Secret", sm.object_name(spec.sandbox_id))
+    assert pod is not None and secret is not None
+
+    for name in ("checkout", "task", "collector"):
+        done = _run_container(pod, secret, name, root)
+        assert done.returncode == 0, (name, done.stdout, done.stderr)
+    assert not planted.exists()
+    assert names(bucket, spec) == sorted([sm.BUNDLE_OBJECT, sm.PATCH_OBJECT, sm.LOG_OBJECT,
+                                          sm.STATUS_OBJECT])
+
+    kubelet(cluster, spec, {"phase": "Succeeded"})
+    watch.sync()
+    [event] = finished.pull()
+    payload = event.payload
+    assert (payload.termination, payload.exit_status, payload.succeeded) == ("exited", 0, True)
+    assert payload.files_changed == ["NOTES.txt", "calc.py"]
+    patch = bucket.blob(f"{spec.prefix}/{sm.PATCH_OBJECT}").download_as_bytes()
+    assert payload.patch_bytes == len(patch)
+
+    # Reviewed and applied by hand, the patch makes the failing test pass.
+    check = tmp_path / "review"
+    _git("clone", "-q", str(repo.path), str(check), cwd=tmp_path)
+    assert subprocess.run(["python3", "test_calc.py"], cwd=check,
+                          capture_output=True).returncode != 0
+    (tmp_path / "fix.diff").write_bytes(patch)
+    _git("apply", str(tmp_path / "fix.diff"), cwd=check)
+    passed = subprocess.run(["python3", "test_calc.py"], cwd=check, capture_output=True,
+                            text=True)
+    assert passed.returncode == 0 and passed.stdout.strip() == "ok"
+
+
+def test_the_task_script_stops_a_task_at_its_wall_clock(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, repo: Repo,
+        bucket: storage.Bucket, tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    for volume in ("work", "results", "private", "tmp"):
+        (root / volume).mkdir(parents=True)
+    spec = dataclasses.replace(spec_for(repo, bucket, command="echo started; sleep 30"),
+                               limits=dataclasses.replace(DEFAULT_LIMITS, wall_clock_seconds=1))
+    runtime.start(spec)
+    pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    secret = read(cluster, "Secret", sm.object_name(spec.sandbox_id))
+    assert pod is not None and secret is not None
+    for name in ("checkout", "task"):
+        done = _run_container(pod, secret, name, root)
+        assert done.returncode == 0, (name, done.stderr)
+    status = (root / "results" / "exit_status").read_text()
+    assert status == "124 wall_clock_exceeded\n"
+    assert sm.pod_outcome({**pod, "status": {"phase": "Succeeded"}}, status) == sm.PodOutcome(
+        "wall_clock_exceeded", 124, "the task ran past its wall clock of 1 s and was stopped")
+    assert (root / "results" / "log.txt").read_text() == "started\n"
