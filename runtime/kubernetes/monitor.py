@@ -592,6 +592,7 @@ class ProxySidecars(HttpSidecars):
 def main() -> None:
     from kubernetes import client, config
 
+    from runtime.kubernetes.job_watch import JobWatch
     from runtime.kubernetes.sandbox_watch import SandboxWatch
     from runtime.local.publisher import PubSubPublisher
 
@@ -615,11 +616,13 @@ def main() -> None:
     project = os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or ""
     bus = PubSubPublisher(project)
     sandboxes = SandboxWatch.from_environment(cluster.pods, api_client, bus)
+    jobs = JobWatch.from_environment(api_client, bus)
     monitor = Monitor(cluster, bus, sidecars, settings=settings,
                       idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")),
-                      watchers=[sandboxes])
+                      watchers=[sandboxes, jobs])
     stop = threading.Event()
-    monitor.run(stop, watches=cluster.watches(monitor.wake))
+    monitor.run(stop, watches=[*cluster.watches(monitor.wake),
+                               *JobWatch.watches(api_client, monitor.wake)])
 
 
 if __name__ == "__main__":
