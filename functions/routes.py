@@ -41,6 +41,7 @@ ROUTES: dict[str, Route] = {
         Route("on_idle_detected", "workspace.idle_detected", idle.handle),
         Route("on_snapshot_expired", "snapshot.expired", janitor.handle_expired),
         Route("notify_chat", "workspace.state_changed", notify.handle),
+        Route("notify_chat_sandbox", "sandbox.finished", notify.handle_sandbox),
         Route("on_sandbox_requested", "sandbox.requested", sandbox_handler.handle),
         Route("on_sandbox_finished", "sandbox.finished", sandbox_handler.handle),
         Route("on_sandbox_suspended", "sandbox.suspended", sandbox_handler.handle),

@@ -32,6 +32,11 @@ class ChatStore(FirestoreStore):
         rows = [{"id": d.id, **(d.to_dict() or {})} for d in query.limit(200).stream()]
         return sorted(rows, key=lambda r: str(r.get("created_at") or ""))
 
+    def list_sandboxes(self, team: str, limit: int = 200) -> list[dict[str, Any]]:
+        query = self.db.collection("sandboxes").where(
+            filter=firestore.FieldFilter("team", "==", team))
+        return [d.to_dict() or {} for d in query.limit(limit).stream()]
+
     def remember(self, requestid: str, record: Mapping[str, Any]) -> None:
         # create(), not set(): a retry of the same request must not reset the use count.
         with contextlib.suppress(gexc.AlreadyExists):

@@ -98,13 +98,41 @@ class ChatFunction:
 
     def handle(self, request: Any) -> Any:
         """Serve one Flask request (what functions-framework hands an HTTP function)."""
-        return self.handler.handle(request)
+        if request.method != "POST":
+            return self.handler.handle(request)
+        from slack_bolt.adapter.flask.handler import to_flask_response
+
+        return to_flask_response(self.app.dispatch(_bolt_request(
+            request.get_data(as_text=True), request.headers,
+            request.query_string.decode("utf-8"))))
 
     def dispatch(self, body: str, headers: Mapping[str, str]) -> Any:
         """Serve a raw request without Flask (tests, benchmarks): a BoltResponse."""
-        from slack_bolt.request import BoltRequest
+        return self.app.dispatch(_bolt_request(body, headers))
 
-        return self.app.dispatch(BoltRequest(body=body, headers=dict(headers)))
+
+def _bolt_request(body: str, headers: Mapping[str, Any], query: str | None = None) -> Any:
+    """bolt's request, with the form parsed right when the word "payload" is in it.
+
+    bolt (``slack_bolt.request.internals.parse_body``) takes any form body that merely
+    contains "payload" for an interactivity payload and finds none: ``/ws sandbox /r --
+    pytest test_payload.py`` would be unhandled (404). A slash command has no ``payload``
+    field, so the form's own fields are put back (the raw body, which the signature covers,
+    is untouched).
+    """
+    from urllib.parse import parse_qsl
+
+    from slack_bolt.context import BoltContext
+    from slack_bolt.request import BoltRequest
+    from slack_bolt.request.internals import build_context
+
+    request = BoltRequest(body=body, query=query, headers=dict(headers))
+    if "payload" in body and not request.body and not body.lstrip().startswith("{"):
+        form = dict(parse_qsl(body, keep_blank_values=True))
+        if "payload" not in form:
+            request.body = form
+            request.context = build_context(BoltContext({}), form)
+    return request
 
 
 def slash_request(body: Mapping[str, Any], raw_body: str,

@@ -10,6 +10,11 @@ anywhere, and the positional shortcuts the table names (``/ws create mynb cpu-sm
 not (they are validated and a fix is suggested). Chat clients "improve" what people type:
 an em or en dash where ``--`` was typed, smart quotes, non-breaking spaces; these are read
 as what was meant.
+
+``/ws sandbox`` is the one verb with free text: everything after a standalone ``--`` is the
+task command, kept as typed (quotes included; smart quotes and dashes read as what was
+meant; Slack's ``&amp; &lt; &gt;`` escapes and ``<url|label>`` links undone), so that
+``-- python -m pytest -k "not slow"`` reaches the sandbox intact.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
+
+from functions.domain.catalog import parse_quantity
+from functions.domain.links import parse_ttl
 
 COMMAND = "/ws"
 NAME_PATTERN = re.compile(r"[a-z](-?[a-z0-9]){1,39}")
@@ -38,6 +46,7 @@ class Verb(StrEnum):
     QUOTA = "quota"
     LINK = "link"
     REVOKE = "revoke"
+    SANDBOX = "sandbox"
     HELP = "help"
 
 
@@ -84,11 +93,14 @@ class VerbSpec:
     positionals: tuple[Positional, ...] = ()
     flags: tuple[Flag, ...] = ()
     examples: tuple[str, ...] = ()
+    #: What follows the options (``-- COMMAND`` for sandbox).
+    tail: str = ""
 
     def usage(self) -> str:
         parts = [COMMAND, str(self.verb), *(p.usage() for p in self.positionals)]
-        parts += [f"[{f.usage()}]" for f in self.flags]
-        return " ".join(parts)
+        parts += [f"[{f.usage()}]" + ("..." if f.name in _REPEATABLE else "")
+                  for f in self.flags]
+        return " ".join(parts + ([self.tail] if self.tail else []))
 
     def flag(self, name: str) -> Flag | None:
         return next((f for f in self.flags if f.name == name), None)
@@ -122,10 +134,50 @@ VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
              (_TEAM,), ("/ws link mynb",)),
     VerbSpec(Verb.REVOKE, "revoke an agent link", (Positional("link", "LINK_ID"),), (_TEAM,),
              ("/ws revoke lnk-3f2a",)),
+    VerbSpec(Verb.SANDBOX, "run a task on a repository in an isolated sandbox and get a patch "
+             "back for review; `/ws sandbox list`, `/ws sandbox show ID` follow them",
+             (Positional("repository", "REPOSITORY"),),
+             (Flag("ref", "base ref to start from (default HEAD)", "REF"),
+              Flag("cpu-seconds", "CPU time limit (default: the team's policy)", "N"),
+              Flag("memory", "memory limit, e.g. 2Gi (default: the team's policy)", "SIZE"),
+              Flag("wall-clock", "wall clock limit, e.g. 30m (default: the team's policy)",
+                   "DURATION"),
+              Flag("processes", "processes at once (default: the team's policy)", "N"),
+              Flag("allow", "a network destination the task may reach (repeat for more; "
+                            "none by default)", "HOST"),
+              _TEAM),
+             ("/ws sandbox https://github.com/acme/calc --ref main --wall-clock 30m "
+              "-- python -m pytest -x",
+              "/ws sandbox /srv/repos/calc --memory 4Gi --allow pypi.org -- make test",
+              "/ws sandbox list",
+              "/ws sandbox show sbx-20260504-120000-ab12cd"),
+             tail="-- COMMAND"),
     VerbSpec(Verb.HELP, "this help, or one command's", (Positional("topic", "COMMAND",
                                                                    required=False),),
              (), ("/ws help", "/ws help create")),
 )}
+
+
+class SandboxAction(StrEnum):
+    RUN = "run"
+    LIST = "list"
+    SHOW = "show"
+
+
+@dataclass(frozen=True)
+class SandboxArgs:
+    """What ``/ws sandbox`` asked for. ``limits`` are sandbox.requested's (name, value)
+    pairs: ``cpu_seconds``, ``memory`` (as typed, e.g. "2Gi"), ``wall_clock_seconds``,
+    ``processes``."""
+
+    action: SandboxAction
+    repository: str | None = None
+    ref: str | None = None
+    limits: tuple[tuple[str, int | str], ...] = ()
+    allow: tuple[str, ...] = ()
+    task: str | None = None
+    sandbox_id: str | None = None
+    all: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +191,7 @@ class Command:
     keep_home: bool = False
     all: bool = False
     link: str | None = None
+    sandbox: SandboxArgs | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +234,8 @@ def parse(text: str) -> Parsed:
         return ParseError(f"there is no command `{show(head)}`.{_did_you_mean_verb(head)} "
                           f"Commands: {', '.join(v for v in VERBS if v != Verb.HELP)}; "
                           f"`{COMMAND} help` explains them.")
+    if verb == Verb.SANDBOX:
+        return _parse_sandbox(text)
     return _parse_verb(VERBS[verb], rest)
 
 
@@ -257,6 +312,188 @@ def _parse_verb(spec: VerbSpec, tokens: list[str]) -> Parsed:
                    ide=text("ide"), environment=text("environment"),
                    keep_home=values.get("keep_home") is True, all=values.get("all") is True,
                    link=text("link"))
+
+
+# --- /ws sandbox ------------------------------------------------------------------------------
+_REPEATABLE = frozenset({"allow"})
+_SEPARATOR = re.compile(r"(?:^|\s)--(?=\s|$)")
+_SLACK_LINK = re.compile(r"<((?:https?|ssh|git)://[^|>\s]+|mailto:[^|>\s]+)(?:\|[^>]*)?>")
+_SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'",
+                               "\u00a0": " "})
+SANDBOX_ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/@{}^~-]{0,199}")
+_HOST = re.compile(r"[A-Za-z0-9*][A-Za-z0-9.:/*-]{0,252}")
+_LIMIT_FLAGS = {"cpu-seconds": "cpu_seconds", "memory": "memory",
+                "wall-clock": "wall_clock_seconds", "processes": "processes"}
+TASK_MAX = 10_000
+
+
+def _parse_sandbox(text: str) -> Parsed:
+    """``sandbox REPOSITORY [options] -- COMMAND``, ``sandbox list``, ``sandbox show ID``."""
+    spec = VERBS[Verb.SANDBOX]
+    normal = unicodedata.normalize("NFC", text).translate(_DASHES)
+    separator = _SEPARATOR.search(normal)
+    head = normal[:separator.start()] if separator else normal
+    task = _slack_text(normal[separator.end():]).strip() if separator else None
+    tokens = head.translate(_QUOTES).split()[1:]  # after the verb
+    if any(t.lower() in ("-h", "--help") for t in tokens):
+        return Help(Verb.SANDBOX)
+    action = tokens[0].lower() if tokens else ""
+    if action in (SandboxAction.LIST, SandboxAction.SHOW):
+        return _sandbox_listing(spec, SandboxAction(action), tokens[1:], task)
+    values, allow, positionals = _sandbox_options(spec, tokens)
+    if isinstance(values, ParseError):
+        return values
+    if not positionals:
+        return _error(spec, "REPOSITORY is missing: a git URL or a path on the runtime's host.")
+    if len(positionals) > 1:
+        return _error(spec, f"unexpected `{show(positionals[1])}`: the task command goes after "
+                            "a standalone `--`.")
+    repository = _slack_text(positionals[0])
+    if not ("://" in repository or repository.startswith(("git@", "/", "~"))):
+        return _error(spec, f"`{show(repository)}` is not a repository: give a git URL "
+                            "(https://..., git@host:org/repo.git) or an absolute path on the "
+                            "runtime's host.")
+    if not task:
+        return _error(spec, "the task command is missing: put it after a standalone `--`, e.g. "
+                            "`-- python -m pytest -x`.")
+    if len(task) > TASK_MAX:
+        return _error(spec, f"the task command is over {TASK_MAX} characters.")
+    ref = values.get("ref")
+    if ref is not None and not _REF.fullmatch(ref):
+        return _error(spec, f"`{show(ref)}` is not a git ref (a branch, tag or commit, e.g. "
+                            "`main`, `v1.2`, `HEAD~1`).")
+    limits: list[tuple[str, int | str]] = []
+    for flag, field in _LIMIT_FLAGS.items():
+        value = values.get(flag)
+        if value is None:
+            continue
+        limit = _limit(flag, value)
+        if isinstance(limit, ParseError):
+            return _error(spec, limit.message)
+        limits.append((field, limit))
+    for host in allow:
+        if not _HOST.fullmatch(host):
+            return _error(spec, f"`{show(host)}` is not a network destination (a host name, "
+                                "`*.domain` or a CIDR).")
+    team = values.get("team")
+    problem = check_name(team, "team") if team is not None else None
+    if problem:
+        return _error(spec, problem)
+    return Command(Verb.SANDBOX, team=team, sandbox=SandboxArgs(
+        SandboxAction.RUN, repository=repository, ref=ref, limits=tuple(limits),
+        allow=tuple(dict.fromkeys(allow)), task=task))
+
+
+def _sandbox_options(spec: VerbSpec, tokens: list[str]
+                     ) -> tuple[dict[str, str] | ParseError, list[str], list[str]]:
+    values: dict[str, str] = {}
+    allow: list[str] = []
+    positionals: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("-") or token == "-":
+            positionals.append(token)
+            continue
+        name, eq, inline = token.lstrip("-").partition("=")
+        flag = spec.flag(name.lower())
+        if flag is None:
+            return (_error(spec, f"`{show(token)}` is not an option of `sandbox`."
+                                 f"{_did_you_mean_flag(spec, name)}"), allow, positionals)
+        if eq:
+            value = inline
+        elif i < len(tokens) and not tokens[i].startswith("--"):
+            value = tokens[i]
+            i += 1
+        else:
+            return (_error(spec, f"`--{flag.name}` needs a value: `--{flag.name} "
+                                 f"{flag.metavar}`."), allow, positionals)
+        if flag.name in _REPEATABLE:
+            allow.append(value)
+        elif flag.name in values:
+            return _error(spec, f"`--{flag.name}` is given twice."), allow, positionals
+        else:
+            values[flag.name] = value
+    return values, allow, positionals
+
+
+def _sandbox_listing(spec: VerbSpec, action: SandboxAction, tokens: list[str],
+                     task: str | None) -> Parsed:
+    usage = (f"`{COMMAND} sandbox list [--all] [--team TEAM]`" if action == SandboxAction.LIST
+             else f"`{COMMAND} sandbox show ID [--team TEAM]`")
+
+    def error(message: str) -> ParseError:
+        return ParseError(f"{message}\nUsage: {usage}.", Verb.SANDBOX)
+
+    if task is not None:
+        return error(f"`sandbox {action}` takes no task command.")
+    team: str | None = None
+    everything = False
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        name, eq, inline = token.lstrip("-").partition("=")
+        if not token.startswith("--"):
+            rest.append(token)
+        elif name.lower() == "team":
+            if eq:
+                team = inline
+            elif i < len(tokens):
+                team, i = tokens[i], i + 1
+            else:
+                return error("`--team` needs a value: `--team TEAM`.")
+        elif name.lower() == "all" and action == SandboxAction.LIST and not eq:
+            everything = True
+        else:
+            return error(f"`{show(token)}` is not an option of `sandbox {action}`.")
+    if team is not None and (problem := check_name(team, "team")):
+        return error(problem)
+    if action == SandboxAction.LIST:
+        if rest:
+            return error(f"unexpected `{show(rest[0])}`.")
+        return Command(Verb.SANDBOX, team=team,
+                       sandbox=SandboxArgs(SandboxAction.LIST, all=everything))
+    if len(rest) != 1:
+        return error("give one sandbox id (`/ws sandbox list` shows them)." if not rest
+                     else f"unexpected `{show(rest[1])}`.")
+    if not SANDBOX_ID_PATTERN.fullmatch(rest[0]):
+        return error(f"`{show(rest[0])}` is not a sandbox id (like `sbx-20260504-120000-ab12cd`;"
+                     " `/ws sandbox list` shows them).")
+    return Command(Verb.SANDBOX, team=team,
+                   sandbox=SandboxArgs(SandboxAction.SHOW, sandbox_id=rest[0]))
+
+
+def _limit(flag: str, value: str) -> int | str | ParseError:
+    """The value of a limit flag as sandbox.requested takes it, or why it is not one."""
+    try:
+        if flag == "memory":
+            if parse_quantity(value) < 1:
+                raise ValueError("at least one byte")
+            return value
+        if flag == "wall-clock":
+            number = parse_ttl(value)
+        elif value.isdigit():
+            number = int(value)
+        else:
+            raise ValueError("a whole number")
+    except ValueError:
+        shown = {"memory": "a size like 2Gi or 512Mi", "wall-clock": "a duration like 30m, "
+                 "1h or 90s"}.get(flag, "a whole number")
+        return ParseError(f"`--{flag} {show(value)}`: {flag} takes {shown}.")
+    if number < 1:
+        return ParseError(f"`--{flag} {show(value)}`: {flag} must be at least 1.")
+    return number
+
+
+def _slack_text(text: str) -> str:
+    """Free text as the user typed it: Slack's links and HTML escapes undone, smart quotes
+    and non-breaking spaces read as plain ones."""
+    text = _SLACK_LINK.sub(lambda m: m.group(1), text).translate(_SMART_QUOTES)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 def check_name(value: str, what: str = "name") -> str | None:

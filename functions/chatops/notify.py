@@ -18,18 +18,28 @@ between sending and marking sends it again (at least once, never lost).
 Failures: Slack unreachable or rate limiting raises (Pub/Sub retries); Slack refusing the
 message for good (an unknown user, a revoked token) is a PermanentFailure, dead-lettered
 with Slack's reason.
+
+Sandboxes (:func:`handle_sandbox`, consumer of sandbox.finished): the same two ways and the
+same marks, once per sandbox (not per report: a late runtime report after the reconciler's
+``runtime_lost`` tells nobody twice). The target is the chat record of the request that
+asked for it (``sandboxes/{id}.requestid``), else the request's ``reply_to``. What it says
+is the ended record when the sandbox handler got there first, else what the handler's own
+pure ``finish`` makes of this report (the two consumers run in any order).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from events import Event, WorkspaceStateChanged
+from events import Event, SandboxFinished, WorkspaceStateChanged
 from functions.chatops import replies
 from functions.chatops.ports import ChatDeps, NotifyRefused
 from functions.delivery import PermanentFailure
+from functions.domain.sandboxes import DEFAULT_POLICY, Report, Sandbox, SandboxState, TeamQueue
+from functions.domain.sandboxes import finish as finish_sandbox
 from functions.handlers.deps import Deps
 
 log = logging.getLogger(__name__)
@@ -56,10 +66,18 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     if chat.records.notified(key):
         return "duplicate"
     message = note.message(change, event.requestid)
+    return _tell(chat, target, record, event.requestid, message, key, {
+        "event_id": event.id, "requestid": event.requestid,
+        "workspace_id": change.workspace_id, "state": change.to_state})
+
+
+def _tell(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | None,
+          requestid: str, message: dict[str, Any], key: str, detail: dict[str, Any]) -> str:
+    """Send once (marked under ``key``): the response_url while usable, else a DM."""
     now = chat.clock()
     via = None
     if target.response_url:
-        usable = (chat.records.use_response_url(event.requestid, now) if record is not None
+        usable = (chat.records.use_response_url(requestid, now) if record is not None
                   else target.response_url_valid(now))
         if usable and chat.notifier.respond(target.response_url, message):
             via = "response_url"
@@ -70,12 +88,59 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> str | None:
             raise PermanentFailure(f"Slack refused the notification to {target.user}: "
                                    f"{exc}") from exc
         via = "chat.postMessage"
-    chat.records.mark_notified(key, {"event_id": event.id, "requestid": event.requestid,
-                                     "workspace_id": change.workspace_id,
-                                     "state": change.to_state, "via": via}, now)
-    log.info("told %s about %s %s via %s", target.user, change.workspace_id, change.to_state,
-             via)
+    chat.records.mark_notified(key, {**detail, "via": via}, now)
+    log.info("told %s about %s via %s", target.user,
+             detail.get("workspace_id") or detail.get("sandbox_id"), via)
     return via
+
+
+def handle_sandbox(event: Event[Any], deps: Deps, consumer: str) -> str | None:
+    """Tell the requester how their sandbox ended; returns how it went (tests/logs)."""
+    report: SandboxFinished = event.payload
+    chat: ChatDeps | None = getattr(deps, "chat", None)
+    if chat is None:
+        raise PermanentFailure("chat is not configured in this deployment")
+    doc = chat.reads.get("sandboxes", report.sandbox_id)
+    if doc is None:
+        return None  # never admitted: the sandbox handler ignores this report too
+    requestid = str(doc.get("requestid") or event.requestid)
+    record = chat.records.recall(requestid)
+    target = _target(record) or replies.ReplyTarget.decode(doc.get("reply_to"))
+    if target is None:
+        return None  # asked for from the CLI or through a link: nobody to tell here
+    ended = _ended(doc, report, chat.clock())
+    if ended is None:
+        return None
+    key = hashlib.sha256(f"{consumer}|{report.sandbox_id}".encode()).hexdigest()
+    if chat.records.notified(key):
+        return "duplicate"
+    message = replies.sandbox_notification(ended, requestid)
+    return _tell(chat, target, record, requestid, message, key, {
+        "event_id": event.id, "requestid": requestid, "sandbox_id": report.sandbox_id,
+        "state": ended.get("state")})
+
+
+def _ended(doc: Mapping[str, Any], payload: SandboxFinished,
+           now: Any) -> Mapping[str, Any] | None:
+    """The ended record: as stored when the sandbox handler already wrote it, else as its
+    ``finish`` will write it; None for a sandbox that never ran (a stale report)."""
+    if doc.get("state") in replies.SANDBOX_ENDED:
+        return doc
+    sandbox = Sandbox.from_doc(doc)
+    if sandbox.state == SandboxState.QUEUED:
+        return None
+    report = Report(
+        sandbox_id=payload.sandbox_id, succeeded=payload.succeeded,
+        termination=payload.termination, exit_status=payload.exit_status, error=payload.error,
+        patch_uri=payload.patch_uri, log_uri=payload.log_uri, patch_bytes=payload.patch_bytes,
+        files_changed=tuple(payload.files_changed), base_sha=payload.base_sha,
+        duration_ms=payload.duration_ms, cpu_seconds=payload.cpu_seconds,
+        peak_memory_bytes=payload.peak_memory_bytes, network=payload.network)
+    decision = finish_sandbox(sandbox, report, policy=DEFAULT_POLICY,
+                              queue=TeamQueue(running=(sandbox.id,)), load=lambda _: None,
+                              now=now)
+    subject = decision.subject
+    return subject.to_doc() if decision.accepted and subject is not None else None
 
 
 def _target(record: dict[str, Any] | None) -> replies.ReplyTarget | None:

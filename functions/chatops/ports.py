@@ -47,6 +47,10 @@ class ChatReads(Protocol):
         """The workspace's snapshot records, oldest first, each with its ``id``."""
         ...
 
+    def list_sandboxes(self, team: str, limit: int = 200) -> list[dict[str, Any]]:
+        """A team's ``sandboxes/{id}`` records (any order)."""
+        ...
+
 
 class ChatRecords(Protocol):
     def remember(self, requestid: str, record: Mapping[str, Any]) -> None:

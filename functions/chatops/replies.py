@@ -307,3 +307,117 @@ def who_to_ask(catalog: Catalog) -> str:
     """For a Slack user Stasis does not know: whom to ask, team by team."""
     contacts = [f"{t.who_to_ask} (team {t.id})" for t in catalog.teams.values()]
     return "; ".join(contacts) if contacts else "a Stasis admin"
+
+
+# -- agent sandboxes -----------------------------------------------------------------------
+
+SANDBOX_NOTE_EVENT_TYPE = "stasis_sandbox_state"
+SANDBOX_ENDED = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED"})
+_SHOWN_FILES = 10
+
+
+def _task(doc: Mapping[str, Any], width: int = 60) -> str:
+    command = " ".join(str(doc.get("command") or "").split())
+    command = command if len(command) <= width else command[:width - 1] + "…"
+    return command.replace("`", "'")
+
+
+def _review(sandbox_id: str, patch_uri: Any) -> str:
+    where = f" (patch: {patch_uri})" if patch_uri else ""
+    return (f"Review: `/ws sandbox show {sandbox_id}` here, or `stasis sandbox show "
+            f"{sandbox_id}` then `stasis sandbox apply {sandbox_id} --to CHECKOUT` on a "
+            f"checkout{where}. Nothing is applied for you.")
+
+
+def sandbox_ack(sandbox_id: str, doc: Mapping[str, Any] | None) -> str:
+    """The ack of ``/ws sandbox``: the id and, from the admission's preview (or, on a Slack
+    retry, the record), running or queued at which position."""
+    head = f"Sandbox `{sandbox_id}`"
+    if doc is None:
+        return f"{head} requested. I'll tell you here when it ends, with its patch for review."
+    what = f"`{_task(doc)}` on {doc.get('repository')}@{doc.get('base_ref') or 'HEAD'}"
+    state = doc.get("state")
+    if state == "QUEUED":
+        return (f"{head} is queued at position {doc.get('queue_position')} ({what}): "
+                f"{doc.get('message')}. It starts when a slot frees up; I'll tell you here "
+                "when it ends, with its patch for review.")
+    if state in SANDBOX_ENDED:
+        return f"{head} already ended {state}: {doc.get('message')}."
+    return (f"{head} is running {what}. I'll tell you here when it ends, with its patch for "
+            "review.")
+
+
+def sandbox_list(team: str, docs: Iterable[Mapping[str, Any]], *, include_old: bool,
+                 now: datetime) -> str:
+    """A team's sandboxes, newest first: waiting and running ones, and those that ended in
+    the last day (all with ``include_old``)."""
+    def recent(doc: Mapping[str, Any]) -> bool:
+        finished = doc.get("finished_at")
+        return (include_old or doc.get("state") not in SANDBOX_ENDED
+                or (isinstance(finished, datetime) and now - finished < timedelta(days=1)))
+
+    rows = sorted((d for d in docs if recent(d)),
+                  key=lambda d: str(d.get("requested_at") or ""), reverse=True)
+    if not rows:
+        return (f"Team {team} has no sandboxes" + ("" if include_old else " from the last day")
+                + ". Start one: `/ws sandbox REPOSITORY -- COMMAND`.")
+    lines = [f"Sandboxes of team {team}:"]
+    for d in rows[:20]:
+        where = f" #{d['queue_position']}" if d.get("queue_position") else ""
+        files = len(d.get("files_changed") or [])
+        changed = f", {files} file{'s' if files != 1 else ''} changed" \
+            if d.get("state") in SANDBOX_ENDED else ""
+        lines.append(f"• `{d.get('id')}`  {d.get('state')}{where}  ({d.get('requester')})  "
+                     f"`{_task(d, 40)}`{changed}")
+    if len(rows) > 20:
+        lines.append(f"… and {len(rows) - 20} more (`stasis sandbox list --team {team}`).")
+    return "\n".join(lines)
+
+
+def sandbox_status(doc: Mapping[str, Any]) -> str:
+    """``/ws sandbox show ID``: state, exit status, files changed, how to review."""
+    sandbox_id = str(doc.get("id"))
+    lines = [f"`{sandbox_id}` (team {doc.get('team')}, requested by {doc.get('requester')}): "
+             f"*{doc.get('state')}*"]
+    if doc.get("message"):
+        lines.append(f"  {doc['message']}")
+    lines.append(f"  `{_task(doc, 200)}` on {doc.get('repository')}@"
+                 f"{doc.get('base_ref') or 'HEAD'}")
+    if doc.get("state") not in SANDBOX_ENDED:
+        return "\n".join(lines)
+    ended = [f"exit status {doc['exit_status']}" if doc.get("exit_status") is not None
+             else f"ended: {doc.get('termination') or doc.get('reason')}"]
+    if isinstance(doc.get("duration_ms"), int | float) and doc.get("duration_ms"):
+        ended.append(f"ran {human_duration(doc['duration_ms'])}")
+    if doc.get("network"):
+        ended.append(f"network: {doc['network']}")
+    lines.append("  " + ", ".join(ended))
+    files = [str(f) for f in doc.get("files_changed") or []]
+    if files:
+        shown = ", ".join(f"`{f}`" for f in files[:_SHOWN_FILES])
+        more = f" and {len(files) - _SHOWN_FILES} more" if len(files) > _SHOWN_FILES else ""
+        lines.append(f"  {len(files)} file{'s' if len(files) != 1 else ''} changed "
+                     f"({human_size(int(doc.get('patch_bytes') or 0))} patch): {shown}{more}")
+    elif doc.get("patch_uri"):
+        lines.append("  no files changed")
+    lines.append("  " + _review(sandbox_id, doc.get("patch_uri")))
+    return "\n".join(lines)
+
+
+def sandbox_notification(doc: Mapping[str, Any], requestid: str) -> dict[str, Any]:
+    """What the requester is told when their sandbox ended (``doc``: its ended record)."""
+    sandbox_id = str(doc.get("id"))
+    files = len(doc.get("files_changed") or [])
+    text = (f"Sandbox `{sandbox_id}` (`{_task(doc)}`) ended *{doc.get('state')}*: "
+            f"{str(doc.get('message') or '').rstrip('. ')}.")
+    if doc.get("patch_uri") and files:
+        # The record's message already says how to review and apply; add where it is.
+        text += (f" `/ws sandbox show {sandbox_id}` lists the files; the patch is at "
+                 f"{doc['patch_uri']}.")
+    return {
+        "response_type": "ephemeral",
+        "text": text,
+        "metadata": {"event_type": SANDBOX_NOTE_EVENT_TYPE, "event_payload": {
+            "requestid": requestid, "sandbox_id": sandbox_id, "state": doc.get("state"),
+            "reason": doc.get("reason"), "files_changed": files}},
+    }

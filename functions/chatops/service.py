@@ -26,16 +26,26 @@ Rules:
   published again, and the consumers' ledger drops it as a duplicate: one effect.
 - A refusal the lifecycle makes later (a race the preview could not see) changes no state,
   so no notification follows it; ``/ws status`` shows where the workspace is.
+- ``/ws sandbox``: the same shape for agent sandboxes. The requester is the mapped user,
+  the team theirs (``--team``, else their first); the sandbox admission's own pure
+  ``admit`` is previewed on the team's queue and policy as read now, so the ack says
+  "running" or "queued at position N", or why it would be refused. The sandbox id derives
+  from the request id (a Slack retry names the same sandbox); ``reply_to`` on
+  sandbox.requested is where ``notify.handle_sandbox`` tells the requester how it ended.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from events import (
+    InvalidEvent,
+    SandboxRequested,
     WorkspaceDeleteRequested,
     WorkspacePauseRequested,
     WorkspaceRequested,
@@ -44,11 +54,13 @@ from events import (
 )
 from events.payloads import workspace_id
 from functions.chatops import grammar, replies
-from functions.chatops.grammar import Command, Help, ParseError, Verb, show
+from functions.chatops.grammar import Command, Help, ParseError, SandboxAction, Verb, show
 from functions.chatops.ports import ChatDeps, SlashRequest
 from functions.domain import admission
 from functions.domain.catalog import Catalog, Refusal, Resolution, Resolved, Role, Team
 from functions.domain.lifecycle import State, Workspace, decide
+from functions.domain.sandboxes import Request as SandboxRequest
+from functions.domain.sandboxes import TeamQueue, admit, resolve_policy
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -103,6 +115,8 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
         raise _Reply(replies.quota_for(team, doc.get("usage") or {}))
     if cmd.verb in (Verb.LINK, Verb.REVOKE):
         raise _Reply("Agent links are not available on this deployment yet.")
+    if cmd.verb == Verb.SANDBOX:
+        return _sandbox(req, deps, catalog, team, user, cmd)
     if cmd.verb == Verb.CREATE:
         return _create(req, deps, catalog, team, user, cmd)
     assert cmd.name is not None  # the grammar requires NAME for the remaining verbs
@@ -189,6 +203,74 @@ def _submit(req: SlashRequest, deps: ChatDeps, catalog: Catalog, ws: Workspace |
         raise _Reply(f"I could not queue that ({type(exc).__name__}); nothing was changed. "
                      "Please try again.") from exc
     return replies.ack(text, req.requestid, follow=True, workspace_id=ws_id)
+
+
+def sandbox_id_for(requestid: str) -> str:
+    """The sandbox a chat request names: the same for a Slack retry of it."""
+    return "sbx-" + hashlib.sha256(requestid.encode()).hexdigest()[:16]
+
+
+def _sandbox(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, user: str,
+             cmd: Command) -> dict[str, Any]:
+    args = cmd.sandbox
+    assert args is not None  # the grammar fills it for Verb.SANDBOX
+    if args.action == SandboxAction.LIST:
+        raise _Reply(replies.sandbox_list(team.id, deps.reads.list_sandboxes(team.id),
+                                          include_old=args.all, now=deps.clock()))
+    if args.action == SandboxAction.SHOW:
+        assert args.sandbox_id is not None
+        doc = deps.reads.get("sandboxes", args.sandbox_id)
+        mine = [t.id for t in catalog.teams_of(user)]
+        if doc is None or doc.get("team") not in mine:
+            # Another team's sandbox is answered like a missing one: ids say nothing.
+            raise _Reply(f"There is no sandbox {show(args.sandbox_id)} in your teams "
+                         f"({', '.join(mine)}). See `/ws sandbox list`.")
+        raise _Reply(replies.sandbox_status(doc))
+    now = deps.clock()
+    target = replies.ReplyTarget(user=req.user, channel=req.channel, team=req.team,
+                                 response_url=req.response_url, issued_at=now)
+    payload = SandboxRequested(
+        sandbox_id=sandbox_id_for(req.requestid), team=team.id, requester=user,
+        repository=args.repository or "", command=args.task or "",
+        base_ref=args.ref or "HEAD", limits=dict(args.limits),
+        allowed_network=list(args.allow), reply_to=target.encode())
+    try:
+        event = new_event(payload, source=SOURCE, requestid=req.requestid, id=req.requestid)
+    except InvalidEvent as exc:
+        raise _Reply(f"Nothing done: {exc.reason}.\nUsage: "
+                     f"`{grammar.usage(Verb.SANDBOX)}`.") from exc
+    preview: Mapping[str, Any] | None = None
+    if req.retry:
+        preview = deps.reads.get("sandboxes", payload.sandbox_id)
+    else:
+        section = (deps.reads.get("catalog", "current") or {}).get("sandboxes")
+        decision = admit(
+            SandboxRequest(payload.sandbox_id, team.id, user, payload.repository,
+                           payload.command, payload.base_ref, payload.limits,
+                           tuple(payload.allowed_network), req.requestid),
+            team=catalog.teams.get(team.id),
+            policy=resolve_policy(section if isinstance(section, Mapping) else None, team.id),
+            queue=TeamQueue.from_doc(deps.reads.get("sandbox_queues", team.id)),
+            existing=None, now=now)
+        if not decision.accepted or decision.subject is None:
+            why = decision.message.removeprefix("refused: ").rstrip(". ")
+            raise _Reply(f"Nothing done: {replies.for_chat(why)}.")
+        preview = decision.subject.to_doc()
+    deps.records.remember(req.requestid, {
+        "requestid": req.requestid, "slack_user": req.user, "slack_team": req.team,
+        "channel": req.channel, "response_url": req.response_url, "issued_at": now,
+        "response_url_uses": 0, "user": user, "team": team.id, "verb": str(cmd.verb),
+        "sandbox_id": payload.sandbox_id, "text": req.text[:500], "created_at": now,
+        "expire_at": now + RECORD_TTL,
+    })
+    try:
+        deps.bus.publish(event)
+    except Exception as exc:
+        log.exception("publishing %s for chat request %s failed", event.name, req.requestid)
+        raise _Reply(f"I could not queue that ({type(exc).__name__}); nothing was requested. "
+                     "Please try again.") from exc
+    return replies.ack(replies.sandbox_ack(payload.sandbox_id, preview), req.requestid,
+                       follow=True)
 
 
 def _why(message: str, ws: Workspace | None) -> str:

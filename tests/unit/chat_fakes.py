@@ -49,6 +49,10 @@ class FakeStore:
         return [{"id": k[1], **v} for k, v in self.docs.items()
                 if k[0] == "snapshots" and v.get("workspace") == workspace_id]
 
+    def list_sandboxes(self, team: str, limit: int = 200) -> list[dict[str, Any]]:
+        return [v for k, v in self.docs.items()
+                if k[0] == "sandboxes" and v.get("team") == team][:limit]
+
     def remember(self, requestid: str, record: Mapping[str, Any]) -> None:
         self.records.setdefault(requestid, dict(record))
 

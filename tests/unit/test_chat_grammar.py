@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,8 @@ from functions.chatops.grammar import (
     Command,
     Help,
     ParseError,
+    SandboxAction,
+    SandboxArgs,
     Verb,
     check_name,
     help_text,
@@ -140,3 +144,86 @@ def test_any_text_parses_to_one_of_three_answers(text: str) -> None:
     assert isinstance(result, Command | Help | ParseError)
     if isinstance(result, ParseError):
         assert result.message.strip()
+
+
+# -- /ws sandbox: free text after `--` -----------------------------------------------------------
+
+def _sbx(**fields: Any) -> Command:
+    team = fields.pop("team", None)
+    return Command(Verb.SANDBOX, team=team, sandbox=SandboxArgs(**fields))
+
+
+RUN = SandboxAction.RUN
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("sandbox https://github.com/acme/calc -- python -m pytest -x",
+     _sbx(action=RUN, repository="https://github.com/acme/calc", task="python -m pytest -x")),
+    ("sandbox /srv/calc --ref v1.2 --cpu-seconds 120 --memory 4Gi --wall-clock 30m "
+     "--processes 64 --allow pypi.org --allow *.github.com --allow pypi.org --team ml-b "
+     "-- make test",
+     _sbx(action=RUN, repository="/srv/calc", ref="v1.2", team="ml-b", task="make test",
+          limits=(("cpu_seconds", 120), ("memory", "4Gi"), ("wall_clock_seconds", 1800),
+                  ("processes", 64)), allow=("pypi.org", "*.github.com"))),
+    # The task is kept as typed: quotes, dashes, options of its own.
+    ('sandbox /r -- pytest -k "not slow" --maxfail=1 -- extra',
+     _sbx(action=RUN, repository="/r", task='pytest -k "not slow" --maxfail=1 -- extra')),
+    # What Slack and chat clients do to text, undone.
+    ("sandbox <https://github.com/acme/calc|github.com/acme/calc> -- make &amp;&amp; cat x "
+     "&gt; y &lt; z",
+     _sbx(action=RUN, repository="https://github.com/acme/calc", task="make && cat x > y < z")),
+    ("sandbox /r \u2014 echo \u201chi\u201d \u2018there\u2019",
+     _sbx(action=RUN, repository="/r", task="echo \"hi\" 'there'")),
+    ("sandbox /r --wall-clock=90s --ref=HEAD~1 -- true",
+     _sbx(action=RUN, repository="/r", ref="HEAD~1", limits=(("wall_clock_seconds", 90),),
+          task="true")),
+    ("sandbox git@github.com:acme/calc.git -- true",
+     _sbx(action=RUN, repository="git@github.com:acme/calc.git", task="true")),
+    ("sandbox list", _sbx(action=SandboxAction.LIST)),
+    ("SANDBOX list --all --team ml-b", _sbx(action=SandboxAction.LIST, all=True, team="ml-b")),
+    ("sandbox show sbx-20260504-120000-ab12cd",
+     _sbx(action=SandboxAction.SHOW, sandbox_id="sbx-20260504-120000-ab12cd")),
+])
+def test_sandbox_commands(text: str, expected: Command) -> None:
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("sandbox", "REPOSITORY is missing"),
+    ("sandbox /r", "the task command is missing: put it after a standalone `--`"),
+    ("sandbox /r --", "the task command is missing"),
+    ("sandbox /r make test", "unexpected `make`: the task command goes after"),
+    ("sandbox calc -- true", "`calc` is not a repository"),
+    ("sandbox /r --reff main -- true", "Did you mean `--ref`?"),
+    ("sandbox /r --ref -- true", "`--ref` needs a value"),
+    ("sandbox /r --ref --upload-pack=x -- true", "`--ref` needs a value"),
+    ("sandbox /r --ref -c -- true", "`-c` is not a git ref"),
+    ("sandbox /r --memory 2m -- true", "memory takes a size like 2Gi"),
+    ("sandbox /r --cpu-seconds ten -- true", "cpu-seconds takes a whole number"),
+    ("sandbox /r --cpu-seconds 0 -- true", "must be at least 1"),
+    ("sandbox /r --wall-clock soon -- true", "a duration like 30m"),
+    ("sandbox /r --memory 1Gi --memory 2Gi -- true", "`--memory` is given twice"),
+    ("sandbox /r --allow pypi.org?x=1 -- true", "is not a network destination"),
+    ("sandbox /r --team ML_A -- true", "Try `ml-a`."),
+    ("sandbox /r -- " + "x" * 10_001, "over 10000 characters"),
+    ("sandbox list -- true", "`sandbox list` takes no task command"),
+    ("sandbox list extra", "unexpected `extra`"),
+    ("sandbox show", "give one sandbox id"),
+    ("sandbox show a b", "unexpected `b`"),
+    ("sandbox show <@U1>", "is not a sandbox id"),
+    ("sandbox show sbx-1 --all", "is not an option of `sandbox show`"),
+])
+def test_sandbox_errors_name_the_problem_and_show_the_usage(text: str, says: str) -> None:
+    result = parse(text)
+    assert isinstance(result, ParseError), result
+    assert result.verb == Verb.SANDBOX
+    assert says in result.message
+    assert "Usage: `/ws sandbox " in result.message
+
+
+def test_sandbox_help_shows_the_separator_and_the_repeatable_option() -> None:
+    assert parse("sandbox --help") == parse("help sandbox") == parse("sandbox /r -h -- x") \
+        == Help(Verb.SANDBOX)
+    text = help_text(Verb.SANDBOX)
+    assert "[--allow HOST]... [--team TEAM] -- COMMAND`" in text
+    assert "/ws sandbox list" in text and "/ws sandbox show ID" in text

@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import time
 import urllib.parse
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from chat_fakes import CATALOG, NOW, FakeBus, FakeStore, chat_deps, workspace
+import yaml
+from chat_fakes import CATALOG, NOW, ROOT, FakeBus, FakeStore, chat_deps, workspace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import WorkspaceDeleteRequested, WorkspacePauseRequested, WorkspaceRequested
+from events import (
+    SandboxRequested,
+    WorkspaceDeleteRequested,
+    WorkspacePauseRequested,
+    WorkspaceRequested,
+)
 from functions.adapters.slack import ChatFunction, SlackSettings
 from functions.chatops import signing
 from functions.chatops.ports import ChatDeps, SlashRequest
 from functions.chatops.replies import ReplyTarget
-from functions.chatops.service import answer
+from functions.chatops.service import answer, sandbox_id_for
+from functions.domain.catalog import Catalog
 from functions.domain.lifecycle import State
 
 URL = "https://hooks.slack.com/commands/T0/1/abc"
@@ -315,3 +323,162 @@ def test_any_command_text_gets_a_reply_and_never_a_crash(text: str, user: str) -
 
 def test_the_catalog_in_these_tests_is_the_example() -> None:
     assert CATALOG.user_for_slack("U0ALICE") == "alice"
+
+
+# -- /ws sandbox -----------------------------------------------------------------------------------
+
+def _docs(deps: ChatDeps) -> dict[tuple[str, str], dict[str, Any]]:
+    return deps.reads.docs  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_sandbox_request_is_published_as_the_user_in_their_team_and_acked_running() -> None:
+    deps = chat_deps()
+    text = ask(deps, "sandbox /srv/calc --ref main --memory 1Gi -- make test")
+    [event] = published(deps)
+    sandbox_id = sandbox_id_for("slack-r1")
+    assert f"Sandbox `{sandbox_id}` is running `make test` on /srv/calc@main" in text
+    assert "I'll tell you here when it ends" in text
+    assert event.payload == SandboxRequested(
+        sandbox_id=sandbox_id, team="ml-a", requester="alice", repository="/srv/calc",
+        command="make test", base_ref="main", limits={"memory": "1Gi"}, allowed_network=[],
+        reply_to=event.payload.reply_to)
+    assert (event.id, event.requestid) == ("slack-r1", "slack-r1")
+    assert ReplyTarget.decode(event.payload.reply_to) == ReplyTarget("U0ALICE", "C0", "T0", URL,
+                                                                     NOW)
+    record = deps.records.recall("slack-r1")
+    assert record is not None and (record["verb"], record["sandbox_id"]) == ("sandbox", sandbox_id)
+
+
+def test_over_the_cap_the_ack_says_the_queue_position_from_the_teams_policy() -> None:
+    deps = chat_deps()
+    _docs(deps)[("sandbox_queues", "ml-a")] = {"running": ["sbx-a", "sbx-b"], "queued": ["sbx-c"]}
+    text = ask(deps, "sandbox /srv/calc -- make")
+    assert "is queued at position 2" in text and "runs 2/2 sandboxes" in text
+    # The applied policy (catalog/current's sandboxes section) is the one previewed.
+    deps = chat_deps()
+    _docs(deps)[("catalog", "current")] = {"sandboxes": {"teams": {"ml-a": {"concurrency": 3}}}}
+    _docs(deps)[("sandbox_queues", "ml-a")] = {"running": ["sbx-a", "sbx-b"], "queued": []}
+    assert "is running" in ask(deps, "sandbox /srv/calc -- make")
+    assert len(published(deps)) == 1
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("sandbox /r --memory 64Gi -- make",
+     "Nothing done: asked above team ml-a's sandbox maximum: memory 64Gi > 8Gi"),
+    ("sandbox /r --allow pypi.org -- make",
+     "Nothing done: network destinations not permitted for team ml-a's sandboxes: pypi.org "
+     "(permitted: none)"),
+    ("sandbox /r -- make --team ml-b", "is running"),  # after `--`: the task's, not ours
+    ("sandbox /r --team ml-b -- make", "You are not a member of team ml-b"),
+])
+def test_what_admission_would_refuse_is_answered_at_once(text: str, says: str) -> None:
+    deps = chat_deps()
+    assert says in ask(deps, text)
+    assert len(published(deps)) == (1 if "is running" in says else 0)
+
+
+def test_a_viewer_is_told_sandboxes_take_the_member_role() -> None:
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    config["teams"][0]["members"].append({"user": "vic", "slack_user_id": "U0VIC",
+                                          "role": "viewer"})
+    deps = chat_deps(catalog=Catalog.from_config(config))
+    text = ask(deps, "sandbox /r -- make", user="U0VIC")
+    assert "Nothing done: vic may only view team ml-a's work; ask alice" in text
+    assert published(deps) == []
+
+
+def test_a_slack_retry_names_the_same_sandbox_and_skips_the_preview() -> None:
+    deps = chat_deps()
+    ask(deps, "sandbox /r -- make")
+    sandbox_id = sandbox_id_for("slack-r1")
+    _docs(deps)[("sandboxes", sandbox_id)] = {"id": sandbox_id, "state": "QUEUED",
+                                             "queue_position": 1, "command": "make",
+                                             "repository": "/r", "message": "queued"}
+    text = ask(deps, "sandbox /r -- make", retry=True)
+    assert f"Sandbox `{sandbox_id}` is queued at position 1" in text
+    first, again = published(deps)
+    assert (again.id, again.requestid, again.payload) == (first.id, first.requestid,
+                                                          first.payload)
+    other = ask(deps, "sandbox /r -- make", requestid="slack-r2")
+    assert sandbox_id_for("slack-r2") in other and sandbox_id_for("slack-r2") != sandbox_id
+
+
+def test_a_failed_sandbox_publish_says_nothing_was_requested() -> None:
+    deps = chat_deps(bus=FakeBus(fail=True))
+    assert "I could not queue that (ConnectionError); nothing was requested" in ask(
+        deps, "sandbox /r -- make")
+
+
+def _sandbox_doc(sandbox_id: str, team: str = "ml-a", **fields: Any) -> dict[str, Any]:
+    return {"id": sandbox_id, "team": team, "requester": "bob", "state": "RUNNING",
+            "command": "python -m pytest -x", "repository": "/srv/calc", "base_ref": "main",
+            "requested_at": NOW, "message": "running: 1/2", **fields}
+
+
+def test_sandbox_list_shows_the_teams_own_recent_sandboxes() -> None:
+    deps = chat_deps()
+    docs = _docs(deps)
+    docs[("sandboxes", "sbx-run")] = _sandbox_doc("sbx-run")
+    docs[("sandboxes", "sbx-queued")] = _sandbox_doc("sbx-queued", state="QUEUED",
+                                                     queue_position=1,
+                                                     requested_at=NOW + timedelta(seconds=1))
+    docs[("sandboxes", "sbx-old")] = _sandbox_doc(
+        "sbx-old", state="SUCCEEDED", finished_at=NOW - timedelta(days=3),
+        files_changed=["a.py"])
+    docs[("sandboxes", "sbx-theirs")] = _sandbox_doc("sbx-theirs", team="ml-b")
+    text = ask(deps, "sandbox list")
+    assert text.index("`sbx-queued`  QUEUED #1") < text.index("`sbx-run`  RUNNING  (bob)")
+    assert "sbx-old" not in text and "sbx-theirs" not in text
+    everything = ask(deps, "sandbox list --all")
+    assert "`sbx-old`  SUCCEEDED  (bob)  `python -m pytest -x`, 1 file changed" in everything
+    theirs = ask(deps, "sandbox list", user="U0CAROL")
+    assert "sbx-theirs" in theirs and "sbx-run" not in theirs
+    assert "has no sandboxes from the last day" in ask(chat_deps(), "sandbox list")
+
+
+def test_sandbox_show_tells_state_exit_files_and_how_to_review() -> None:
+    deps = chat_deps()
+    _docs(deps)[("sandboxes", "sbx-done")] = _sandbox_doc(
+        "sbx-done", state="SUCCEEDED", exit_status=0, files_changed=["calc.py", "x.py"],
+        patch_bytes=2048, patch_uri="gs://b/sandboxes/ml-a/sbx-done/patch.diff",
+        duration_ms=3400, network="none: loopback only",
+        message="the task succeeded; a patch of 2 files (2048 bytes) is ready for review")
+    _docs(deps)[("sandboxes", "sbx-theirs")] = _sandbox_doc("sbx-theirs", team="ml-b")
+    text = ask(deps, "sandbox show sbx-done")
+    assert "`sbx-done` (team ml-a, requested by bob): *SUCCEEDED*" in text
+    assert "exit status 0, ran 3.4 s, network: none: loopback only" in text
+    assert "2 files changed (2 KiB patch): `calc.py`, `x.py`" in text
+    assert "`stasis sandbox show sbx-done` then `stasis sandbox apply sbx-done --to CHECKOUT`" \
+        in text and "gs://b/sandboxes/ml-a/sbx-done/patch.diff" in text
+    assert "There is no sandbox sbx-theirs in your teams (ml-a)" in ask(
+        deps, "sandbox show sbx-theirs")
+    assert "There is no sandbox sbx-nope" in ask(deps, "sandbox show sbx-nope")
+
+
+def test_invalid_sandbox_input_gets_the_problem_and_the_usage() -> None:
+    deps = chat_deps()
+    text = ask(deps, "sandbox /r make test")
+    assert "unexpected `make`" in text and "Usage: `/ws sandbox REPOSITORY" in text
+    assert published(deps) == []
+
+
+def test_a_signed_sandbox_command_is_acked_with_its_sandbox_id() -> None:
+    app, deps = _app()
+    body = _body("sandbox https://github.com/acme/calc -- python -m pytest -x")
+    response = app.dispatch(body, _headers(body))
+    assert response.status == 200
+    requestid = signing.request_id("1.2.abc", body)
+    assert f"`{requestid}`" in response.body
+    assert f"Sandbox `{sandbox_id_for(requestid)}` is running" in response.body
+    [event] = published(deps)
+    assert (event.requestid, event.payload.command) == (requestid, "python -m pytest -x")
+
+
+def test_a_command_whose_text_says_payload_is_still_a_command() -> None:
+    # bolt reads any form body containing "payload" as an interactivity payload.
+    app, deps = _app()
+    body = _body("sandbox /r -- pytest tests/test_payload.py")
+    response = app.dispatch(body, _headers(body))
+    assert response.status == 200, response.body
+    [event] = published(deps)
+    assert event.payload.command == "pytest tests/test_payload.py"

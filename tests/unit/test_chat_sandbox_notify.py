@@ -1,0 +1,124 @@
+"""The sandbox notifier (sandbox.finished -> chat) against fakes: whom it tells, what, once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from chat_fakes import NOW, FakeNotifier, FakeStore, chat_deps
+
+from events import SandboxFinished, new_event
+from functions.chatops import notify
+from functions.chatops.ports import ChatDeps
+from functions.chatops.replies import ReplyTarget
+from functions.delivery import PermanentFailure
+from functions.domain.sandboxes import Limits
+
+URL = "https://hooks.slack.com/commands/T0/1/abc"
+SBX = "sbx-0123456789abcdef"
+PATCH = f"gs://b/sandboxes/ml-a/{SBX}/patch.diff"
+CONSUMER = "notify_chat_sandbox"
+
+
+def _doc(state: str = "RUNNING", *, reply_to: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"id": SBX, "team": "ml-a", "requester": "alice", "repository": "/srv/calc",
+            "command": "python -m pytest -x", "base_ref": "main",
+            "limits": Limits(600, 2**30, 900, 64).to_doc(), "allowed_network": [],
+            "state": state, "reason": "admitted", "requestid": "slack-r1",
+            "requested_at": NOW - timedelta(minutes=2), "started_at": NOW - timedelta(minutes=2),
+            "version": 2, "message": "running", "reply_to": reply_to, **fields}
+
+
+def _finished(event_id: str = "e1", requestid: str = "slack-r1", **fields: Any) -> Any:
+    payload = SandboxFinished(sandbox_id=SBX, succeeded=True, exit_status=0, patch_uri=PATCH,
+                              log_uri=PATCH.replace("patch.diff", "log.txt"), patch_bytes=120,
+                              files_changed=["calc.py"], base_sha="ab" * 20)
+    payload = SandboxFinished(**{**payload.__dict__, **fields})
+    return new_event(payload, id=event_id, requestid=requestid)
+
+
+def _deps(doc: dict[str, Any] | None, *, record: bool = True,
+          notifier: FakeNotifier | None = None) -> tuple[SimpleNamespace, ChatDeps]:
+    chat = chat_deps(notifier=notifier)
+    store: FakeStore = chat.reads  # type: ignore[assignment]
+    if doc is not None:
+        store.docs[("sandboxes", SBX)] = doc
+    if record:
+        chat.records.remember("slack-r1", {
+            "slack_user": "U0ALICE", "channel": "C0", "slack_team": "T0",
+            "response_url": URL, "issued_at": NOW, "response_url_uses": 0})
+    return SimpleNamespace(chat=chat), chat
+
+
+def _sent(chat: ChatDeps) -> list[dict[str, Any]]:
+    notifier: FakeNotifier = chat.notifier  # type: ignore[assignment]
+    return [m for _, m in notifier.responded + notifier.posted]
+
+
+def test_the_requester_is_told_the_end_with_the_patch_to_review() -> None:
+    ended = _doc("SUCCEEDED", reason="succeeded", exit_status=0, files_changed=["calc.py"],
+                 patch_uri=PATCH, message=f"the task succeeded; a patch of 1 file (120 bytes) "
+                 f"is ready for review: stasis sandbox show {SBX}, then stasis sandbox apply "
+                 f"{SBX} --to CHECKOUT")
+    deps, chat = _deps(ended)
+    assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "response_url"  # type: ignore[arg-type]
+    [message] = _sent(chat)
+    assert message["text"].startswith(f"Sandbox `{SBX}` (`python -m pytest -x`) ended "
+                                      "*SUCCEEDED*: the task succeeded; a patch of 1 file")
+    assert f"stasis sandbox apply {SBX} --to CHECKOUT" in message["text"]
+    assert f"`/ws sandbox show {SBX}` lists the files; the patch is at {PATCH}." \
+        in message["text"]
+    assert message["metadata"]["event_payload"] == {
+        "requestid": "slack-r1", "sandbox_id": SBX, "state": "SUCCEEDED",
+        "reason": "succeeded", "files_changed": 1}
+    assert chat.records.recall("slack-r1")["response_url_uses"] == 1  # type: ignore[index]
+
+
+def test_before_the_handler_wrote_the_end_the_report_is_read_as_it_will() -> None:
+    deps, chat = _deps(_doc("RUNNING"))
+    event = _finished(succeeded=False, exit_status=None, termination="wall_clock_exceeded")
+    notify.handle_sandbox(event, deps, CONSUMER)  # type: ignore[arg-type]
+    [message] = _sent(chat)
+    assert "ended *TIMED_OUT*: stopped: wall clock limit of 900 s exceeded; a patch of 1 file" \
+        in message["text"]
+    assert message["metadata"]["event_payload"]["state"] == "TIMED_OUT"
+
+
+def test_one_notification_per_sandbox_whatever_reports_follow() -> None:
+    deps, chat = _deps(_doc("RUNNING"))
+    notify.handle_sandbox(_finished("e1"), deps, CONSUMER)  # type: ignore[arg-type]
+    late = _finished("reconcile-x", requestid="reconcile-x", succeeded=False,
+                     termination="runtime_lost")
+    assert notify.handle_sandbox(late, deps, CONSUMER) == "duplicate"  # type: ignore[arg-type]
+    assert len(_sent(chat)) == 1
+
+
+def test_without_the_record_the_reply_to_is_used_and_an_old_response_url_is_skipped() -> None:
+    target = ReplyTarget("U0ALICE", "C0", "T0", URL, NOW - timedelta(hours=2))
+    deps, chat = _deps(_doc("RUNNING", reply_to=target.encode()), record=False)
+    assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "chat.postMessage"  # type: ignore[arg-type]
+    [(user, message)] = chat.notifier.posted  # type: ignore[attr-defined]
+    assert user == "U0ALICE" and "*SUCCEEDED*" in message["text"]
+
+
+@pytest.mark.parametrize("doc", [None, _doc("QUEUED")], ids=["never admitted", "queued"])
+def test_a_report_the_handler_ignores_tells_nobody(doc: dict[str, Any] | None) -> None:
+    deps, chat = _deps(doc)
+    assert notify.handle_sandbox(_finished(), deps, CONSUMER) is None  # type: ignore[arg-type]
+    assert _sent(chat) == []
+
+
+def test_a_sandbox_from_the_cli_or_a_link_tells_nobody_here() -> None:
+    deps, chat = _deps(_doc("RUNNING", requestid="cli-123"), record=True)
+    assert notify.handle_sandbox(_finished(requestid="cli-123"), deps, CONSUMER) is None  # type: ignore[arg-type]
+    assert _sent(chat) == []
+
+
+def test_slack_refusing_for_good_is_a_permanent_failure() -> None:
+    target = ReplyTarget("U0GONE")
+    deps, _ = _deps(_doc("RUNNING", reply_to=target.encode()), record=False,
+                    notifier=FakeNotifier(refuse="user_not_found"))
+    with pytest.raises(PermanentFailure, match="user_not_found"):
+        notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
