@@ -990,6 +990,8 @@ def workspace_manager_rules() -> list[dict[str, Any]]:
         _rule(PODSNAPSHOT_GROUP, ["podsnapshotmanualtriggers"],
               ["get", "list", "create", "delete"]),
         _rule(PODSNAPSHOT_GROUP, ["podsnapshots"], ["get", "list", "delete"]),
+        # scale-out jobs: a JobSet and its headless Service per job (kubernetes_job_runtime)
+        _rule("jobset.x-k8s.io", ["jobsets"], ["get", "create", "delete"]),
     ]
 
 
@@ -1047,7 +1049,10 @@ def monitor_manifests(*, project: str, image: str | None = None,
             "metadata": _meta(MONITOR, labels=labels),
             "rules": [_rule("", ["pods"], ["get", "list", "watch"]),
                       _rule(PODSNAPSHOT_GROUP, ["podsnapshotmanualtriggers", "podsnapshots"],
-                            ["get", "list", "watch"])]}
+                            ["get", "list", "watch"]),
+                      # the job watcher: JobSets' ends, a failed host's log
+                      _rule("jobset.x-k8s.io", ["jobsets"], ["get", "list", "watch"]),
+                      _rule("", ["pods/log"], ["get"])]}
     binding = {"apiVersion": f"{RBAC_API}/v1", "kind": "ClusterRoleBinding",
                "metadata": _meta(MONITOR, labels=labels),
                "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": MONITOR},

@@ -1,4 +1,4 @@
-"""The job watcher: JobSets that ended, turned into job.finished; their objects deleted.
+"""The job watcher: JobSets that ended, turned into job.finished.
 
 One of the cluster monitor's watchers (``runtime.kubernetes.monitor``: ``sync()`` every
 pass, woken early by a watch on JobSets). For every Stasis JobSet
@@ -13,9 +13,11 @@ pass, woken early by a watch on JobSets). For every Stasis JobSet
   lines of its log (the bucket's chunks, else the pod's log).
 
 It publishes job.finished (succeeded, termination, failed host, exit status, error, the
-logs' URI, the duration since the runtime started the JobSet), then deletes the JobSet and
-its Service: the slice is released at once, not after the JobSet's TTL (the control plane
-deletes them as well when it records the end, whoever reported it).
+logs' URI, the duration since the runtime started the JobSet). The JobSet and its Service
+are deleted by the control plane as it records the end (the job handler's outbox:
+``runtime.cancel``), whoever reported it, so the slice is released at once, not after the
+JobSet's TTL. The monitor itself stays read-only (its ClusterRole only gets, lists and
+watches; ``manifests.monitor_manifests``): what it sees becomes events, never changes.
 
 Level-triggered like the monitor: each pass looks at every JobSet; the event's id is
 derived from the job and its request, and its requestid is the job's (``finish-<id>``),
@@ -50,8 +52,6 @@ class Kube(Protocol):
 
     def list(self, kind: str, namespace: str | None,
              selector: str | None = None) -> list[dict[str, Any]]: ...
-
-    def delete(self, kind: str, namespace: str | None, name: str) -> None: ...
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None, *,
                 limit_bytes: int | None = None) -> str: ...
@@ -93,13 +93,16 @@ class JobWatch:
         return busy
 
     def observe(self, obj: Mapping[str, Any]) -> bool:
-        """Report one JobSet's end and delete it; True while it runs."""
+        """Report one JobSet's end (once); True while it runs."""
         meta = obj.get("metadata") or {}
         namespace, name = meta.get("namespace"), str(meta.get("name"))
         job_id = str((meta.get("labels") or {}).get(js.LABEL_JOB) or name)
+        annotations = meta.get("annotations") or {}
+        key = f"{job_id}-finished-{annotations.get(js.ANN_REQUESTID) or ''}"
+        if key in self._reported:
+            return False  # published; the control plane deletes it as it records the end
         pods = js.pods_of(name, self.kube.list("Pod", namespace,
                                                f"{js.JOBSET_NAME_LABEL}={name}"))
-        annotations = meta.get("annotations") or {}
         uri = str(annotations.get(js.ANN_JOB_URI) or "")
         now_ms = int(self.clock() * 1000)
         ending = js.ending(obj, self._records(uri), pods, now_ms)
@@ -118,20 +121,14 @@ class JobWatch:
             error = f"{ending.message}; its log:\n{tail}" if tail else ending.message
             if len(error) > MAX_ERROR:  # the end of a log is what explains it
                 error = error[:200] + "\n...\n" + error[-(MAX_ERROR - 210):]
-        requestid = str(annotations.get(js.ANN_REQUESTID) or "")
-        key = f"{job_id}-finished-{requestid}"
-        if key not in self._reported:
-            payload = JobFinished(job_id, ending.succeeded, termination=ending.termination,
-                                  exit_status=ending.exit_status,
-                                  failed_host=ending.failed_host, error=error,
-                                  log_uri=f"{uri}/logs/" if uri else None,
-                                  duration_ms=ending.duration_ms)
-            self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
-                                       id=_event_id(key)))
-            self._reported.add(key)
-            log.info("job %s ended: %s", job_id, ending.message)
-        self.kube.delete("JobSet", namespace, name)
-        self.kube.delete("Service", namespace, js.service_name(name))
+        payload = JobFinished(job_id, ending.succeeded, termination=ending.termination,
+                              exit_status=ending.exit_status, failed_host=ending.failed_host,
+                              error=error, log_uri=f"{uri}/logs/" if uri else None,
+                              duration_ms=ending.duration_ms)
+        self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
+                                   id=_event_id(key)))
+        self._reported.add(key)
+        log.info("job %s ended: %s", job_id, ending.message)
         return False
 
     # -- what the hosts left ---------------------------------------------------------------

@@ -6,8 +6,9 @@ coordinator Service and the JobSet (``KubernetesJobRuntime``), which validate ag
 JobSet CRD and the Kubernetes schemas; a redelivery changes nothing. The tests play the
 JobSet controller and the kubelet (pods and ``status`` patched in, or the hosts run for
 real as processes: ``job_pods``); the job watcher turns the JobSet's end into job.finished
-on a real Pub/Sub topic, with the host that failed first and its traceback, and deletes the
-objects; delivered to the handler, the job is recorded and the team's chips come back.
+on a real Pub/Sub topic, with the host that failed first and its traceback (the
+monitor stays read-only); delivered to the handler, the job is recorded, the team's chips
+come back and the JobSet and its Service are deleted.
 From the notebook side, ``stasis.jobs.submit(..., runtime="kubernetes")`` runs a torch
 all-reduce on real hosts, streams their log chunks and reads the result; ``cancel()`` ends
 a job through the control plane, which deletes its JobSet.
@@ -277,16 +278,22 @@ def test_the_watcher_names_the_first_failed_host_and_releases_the_slice(env: Any
     assert "RuntimeError: host 1 lost its data" in finished.error
     assert finished.log_uri == f"gs://{env.bucket}/{prefix}/logs/"
     assert event.requestid == "finish-job-fail"
-    assert env.kube.read("JobSet", NAMESPACE, "job-fail") is None
-    assert env.kube.read("Service", NAMESPACE, "job-fail") is None
+    # reported once; a restarted watcher reports it again, as the same event
     assert env.watch.sync() is False and pull(env, 1, timeout=1) == []
+    restarted = JobWatch(env.kube, PubSubPublisher(env.project), env.objects)
+    assert restarted.sync() is False
+    (again,) = pull(env, 1)
+    assert (again.id, again.requestid) == (event.id, event.requestid)
 
+    # the control plane records the end, gives the chips back and deletes the objects
     deliver(env, event)
     doc = job(env, "job-fail")
     assert doc["state"] == "FAILED" and doc["failed_host"] == 1
     assert "host 1 lost its data" in doc["message"]
     assert usage(env)["tpus"] == 0
-    assert deliver(env, event) is None and usage(env)["tpus"] == 0
+    assert env.kube.read("JobSet", NAMESPACE, "job-fail") is None
+    assert env.kube.read("Service", NAMESPACE, "job-fail") is None
+    assert deliver(env, again) is None and usage(env)["tpus"] == 0
 
 
 def test_a_host_whose_image_cannot_be_pulled_fails_to_start(env: Any) -> None:
@@ -297,7 +304,8 @@ def test_a_host_whose_image_cannot_be_pulled_fails_to_start(env: Any) -> None:
     (event,) = pull(env, 1)
     assert event.payload.termination == "failed_to_start"
     assert event.payload.failed_host == 1 and "ImagePullBackOff" in event.payload.error
-    assert not jobsets(env)
+    deliver(env, event)
+    assert job(env, "job-pull")["state"] == "FAILED" and not jobsets(env)
 
 
 def all_reduce(scale: int) -> int:
@@ -332,7 +340,7 @@ def test_the_notebook_runs_real_hosts_follows_their_logs_and_cancels(env: Any) -
     (event,) = pull(env, 1)
     assert event.payload.succeeded and event.payload.failed_host is None
     deliver(env, event)
-    assert running.status() == "SUCCEEDED"
+    assert running.status() == "SUCCEEDED" and not jobsets(env)
     lines = list(running.logs())
     assert "[host 0] rank 0 sum 15" in lines and "[host 1] rank 1 sum 15" in lines
     assert running.result(timeout=10) == 15
