@@ -126,3 +126,29 @@ def test_a_missing_payload_fails_the_host_with_the_reason(gcs: Any) -> None:
     assert proc.returncode != 0
     tb = store.get_bytes(bucket, f"jobs/ml-a/job-none/{js.traceback_object(0)}").decode()
     assert "not found" in tb and "payload.pkl" in tb
+
+
+def test_modules_from_home_travel_with_the_function(tmp_path: Path) -> None:
+    """The hosts do not mount the workspace's disk: a module the notebook imported from its
+    home directory is pickled by value; elsewhere it stays a reference."""
+    import importlib
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "h2_train_module.py").write_text("def train(x):\n    return x * 3\n")
+    sys.path.insert(0, str(home))
+    try:
+        module = importlib.import_module("h2_train_module")
+        shipped = payload_bytes(module.train, (4,), {}, home)
+        referenced = payload_bytes(module.train, (4,), {}, tmp_path / "elsewhere")
+    finally:
+        sys.path.remove(str(home))
+        sys.modules.pop("h2_train_module", None)
+    load = ("import sys, cloudpickle; fn, a, k = cloudpickle.loads(sys.stdin.buffer.read()); "
+            "print(fn(*a, **k))")
+    ok = subprocess.run([sys.executable, "-c", load], input=shipped, capture_output=True,
+                        cwd=tmp_path, timeout=60)
+    assert ok.stdout.strip() == b"12", ok.stderr
+    missing = subprocess.run([sys.executable, "-c", load], input=referenced,
+                             capture_output=True, cwd=tmp_path, timeout=60)
+    assert missing.returncode != 0 and b"h2_train_module" in missing.stderr
