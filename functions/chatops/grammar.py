@@ -341,7 +341,7 @@ def _parse_sandbox(text: str) -> Parsed:
     action = tokens[0].lower() if tokens else ""
     if action in (SandboxAction.LIST, SandboxAction.SHOW):
         return _sandbox_listing(spec, SandboxAction(action), tokens[1:], task)
-    values, allow, positionals = _sandbox_options(spec, tokens)
+    values, allow, positionals = _sandbox_options(spec, tokens, has_task=task is not None)
     if isinstance(values, ParseError):
         return values
     if not positionals:
@@ -385,7 +385,7 @@ def _parse_sandbox(text: str) -> Parsed:
         allow=tuple(dict.fromkeys(allow)), task=task))
 
 
-def _sandbox_options(spec: VerbSpec, tokens: list[str]
+def _sandbox_options(spec: VerbSpec, tokens: list[str], *, has_task: bool
                      ) -> tuple[dict[str, str] | ParseError, list[str], list[str]]:
     values: dict[str, str] = {}
     allow: list[str] = []
@@ -400,8 +400,10 @@ def _sandbox_options(spec: VerbSpec, tokens: list[str]
         name, eq, inline = token.lstrip("-").partition("=")
         flag = spec.flag(name.lower())
         if flag is None:
+            hint = "" if has_task else (" If it is part of the task command, put the command "
+                                        "after a standalone `--`.")
             return (_error(spec, f"`{show(token)}` is not an option of `sandbox`."
-                                 f"{_did_you_mean_flag(spec, name)}"), allow, positionals)
+                                 f"{_did_you_mean_flag(spec, name)}{hint}"), allow, positionals)
         if eq:
             value = inline
         elif i < len(tokens) and not tokens[i].startswith("--"):

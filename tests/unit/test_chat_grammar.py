@@ -193,6 +193,8 @@ def test_sandbox_commands(text: str, expected: Command) -> None:
     ("sandbox /r", "the task command is missing: put it after a standalone `--`"),
     ("sandbox /r --", "the task command is missing"),
     ("sandbox /r make test", "unexpected `make`: the task command goes after"),
+    ("sandbox /r sed -i s/a/b/ x.py", "If it is part of the task command, put the command "
+                                      "after a standalone `--`"),
     ("sandbox calc -- true", "`calc` is not a repository"),
     ("sandbox /r --reff main -- true", "Did you mean `--ref`?"),
     ("sandbox /r --ref -- true", "`--ref` needs a value"),

@@ -482,3 +482,20 @@ def test_a_command_whose_text_says_payload_is_still_a_command() -> None:
     assert response.status == 200, response.body
     [event] = published(deps)
     assert event.payload.command == "pytest tests/test_payload.py"
+
+
+def test_the_flask_entry_point_serves_a_signed_command_and_refuses_a_forged_one() -> None:
+    from flask import Flask
+
+    app, deps = _app()
+    body = _body("sandbox /r -- python payload.py")
+    flask = Flask("chat")
+    for headers, status in ((_headers(body), 200), (_headers(body, secret="wrong"), 401)):
+        with flask.test_request_context("/chat/", method="POST", data=body, headers={
+                **headers, "Content-Type": "application/x-www-form-urlencoded"}):
+            from flask import request
+
+            response = app.handle(request)
+        assert response.status_code == status
+    [event] = published(deps)
+    assert event.payload.command == "python payload.py"
