@@ -10,7 +10,9 @@ asks for its chips as ``google.com/tpu``, and gets the environment JAX reads on 
 the profile's CPU, memory (and ``nvidia.com/gpu``), node selector and tolerations. Every
 pod gets ``JAX_COORDINATOR_ADDRESS`` / ``JAX_PROCESS_ID`` / ``JAX_NUM_PROCESSES`` for
 ``jax.distributed.initialize()`` and ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` /
-``MASTER_PORT`` for ``torch.distributed``. A host that fails fails the JobSet (no
+``MASTER_PORT`` for ``torch.distributed``. Hosts run as a non-root user with no service
+account token, as the ``restricted`` Pod Security level of team namespaces requires (GKE's
+metadata server serves Workload Identity without one). A host that fails fails the JobSet (no
 restarts: a collective cannot continue without it); the JobSet is deleted
 ``ttl_seconds`` after it ends if nobody deleted it before (the job watcher does, once it
 reported the end), which releases the slice.
@@ -111,6 +113,9 @@ class JobSpec:
     source_image: str | None = None
     source_root: str = "/opt/stasis"
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Who the hosts run as (team namespaces enforce the ``restricted`` Pod Security level).
+    uid: int = 1000
+    gid: int = 100
 
 
 def is_tpu(profile: Profile) -> bool:
@@ -168,6 +173,11 @@ def coordinator_service(spec: JobSpec) -> dict[str, object]:
     }
 
 
+def _restricted() -> dict[str, object]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True}
+
+
 def _resources(profile: Profile) -> dict[str, object]:
     acc = profile.accelerator
     if acc is not None and acc.kind == AcceleratorKind.TPU:
@@ -216,9 +226,16 @@ def jobset(spec: JobSpec) -> dict[str, object]:
     container: dict[str, object] = {
         "name": "worker", "image": spec.image, "command": list(spec.command), "env": env,
         "ports": [{"containerPort": COORDINATOR_PORT, "name": "coordinator"}],
-        "resources": _resources(spec.profile),
+        "resources": _resources(spec.profile), "securityContext": _restricted(),
     }
-    pod_spec: dict[str, object] = {"restartPolicy": "Never", "containers": [container]}
+    pod_spec: dict[str, object] = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": spec.uid,
+                            "runAsGroup": spec.gid, "fsGroup": spec.gid,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if spec.source_image:
@@ -227,7 +244,7 @@ def jobset(spec: JobSpec) -> dict[str, object]:
         pod_spec["initContainers"] = [{
             "name": "stasis-source", "image": spec.source_image,
             "command": ["cp", "-R", f"{spec.source_root.rstrip('/')}/.", SOURCE_MOUNT],
-            "volumeMounts": [mount],
+            "volumeMounts": [mount], "securityContext": _restricted(),
         }]
         pod_spec["volumes"] = [{"name": SOURCE_VOLUME, "emptyDir": {}}]
     tolerations = [t.to_k8s() for t in spec.profile.tolerations]

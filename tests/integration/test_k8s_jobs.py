@@ -13,7 +13,8 @@ From the notebook side, ``stasis.jobs.submit(..., runtime="kubernetes")`` runs a
 all-reduce on real hosts, streams their log chunks and reads the result; ``cancel()`` ends
 a job through the control plane, which deletes its JobSet.
 
-A K3s test (a real cluster with the JobSet controller) skips where Docker is absent.
+A K3s test (a real cluster with the JobSet controller, from its release manifests, and an
+image with torch) skips with the reason where Docker is absent.
 """
 
 from __future__ import annotations
@@ -371,17 +372,102 @@ def test_a_refused_notebook_job_leaves_no_objects(env: Any) -> None:
     assert not jobsets(env)
 
 
-def test_on_k3s_a_jobset_runs_to_its_end() -> None:
-    """A real cluster: K3s in Docker with the JobSet controller; skipped without Docker."""
-    try:
-        import docker
+# -- a real cluster ---------------------------------------------------------------------------
 
-        docker.from_env().ping()
-    except Exception as exc:  # no daemon, no socket, no permission
-        where = os.environ.get("DOCKER_HOST") or "the default socket"
-        pytest.skip(f"no Docker daemon reachable at {where} ({type(exc).__name__}: {exc}); "
-                    "the K3s job test needs one to run a real cluster with the JobSet "
-                    "controller")
-    pytest.skip("Docker is reachable, but the K3s job test also needs the JobSet "
-                "controller's release manifests from the network "
-                "(kubernetes-sigs/jobset) and an image with torch; not automated yet")
+JOB_IMAGE = "stasis-job-env:k3s-test"
+JOB_DOCKERFILE = """\
+FROM python:3.11-slim
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \\
+ && pip install --no-cache-dir "cloudpickle>=3,<4" "google-cloud-storage>=2.18,<4" \\
+      "requests>=2.32,<3"
+"""
+JOBSET_RELEASE = ("https://github.com/kubernetes-sigs/jobset/releases/download/v0.10.1/"
+                  "manifests.yaml")
+GCS_NODE_PORT = 30443
+
+
+@pytest.fixture(scope="module")
+def k3s_jobs() -> Iterator[Any]:
+    """K3s in Docker with the JobSet controller (its release manifests, from the network),
+    fake-gcs-server in the cluster (reached from here through a NodePort), and the images
+    the job needs: the agent (Stasis) and an environment with torch."""
+    import test_k3s_runtime as k3s
+
+    client = k3s._docker_or_skip()
+    from kubernetes import client as kube
+    from kubernetes import config
+    from testcontainers.community.k3s import K3SContainer
+
+    k3s._build(client, k3s.AGENT_IMAGE, dockerfile="runtime/kubernetes/Dockerfile.agent")
+    k3s._build(client, JOB_IMAGE, inline=JOB_DOCKERFILE)
+    k3s._build(client, k3s.GCS_IMAGE, inline=k3s.GCS_DOCKERFILE)
+    with K3SContainer().with_exposed_ports(GCS_NODE_PORT) as cluster:
+        for tag in (k3s.AGENT_IMAGE, JOB_IMAGE, k3s.GCS_IMAGE):
+            k3s._import_image(client, cluster, tag)
+        applied = cluster.get_wrapped_container().exec_run(
+            ["kubectl", "apply", "--server-side", "-f", JOBSET_RELEASE])
+        assert applied.exit_code == 0, applied.output.decode(errors="replace")
+        configuration = kube.Configuration()
+        config.load_kube_config_from_dict(yaml.safe_load(cluster.config_yaml()),
+                                          client_configuration=configuration)
+        api = kube.ApiClient(configuration)
+        k3s._start_gcs(api)
+        kube.CoreV1Api(api).create_namespaced_service("stasis-system", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "gcs-node"},
+            "spec": {"type": "NodePort", "selector": {"app": "gcs"}, "ports": [
+                {"port": 4443, "targetPort": 4443, "nodePort": GCS_NODE_PORT}]}})
+        apps = kube.AppsV1Api(api)
+        k3s._until(lambda: any((d.status.ready_replicas or 0) > 0 for d in
+                               apps.list_namespaced_deployment("jobset-system").items),
+                   300, "the JobSet controller")
+        host = cluster.get_container_host_ip()
+        yield SimpleNamespace(api=api, bucket=k3s.BUCKET, agent_image=k3s.AGENT_IMAGE,
+                              until=k3s._until, gcs=ObjectStore(
+                                  emulator_host=f"http://{host}:"
+                                                f"{cluster.get_exposed_port(GCS_NODE_PORT)}"))
+        api.close()
+
+
+def test_on_k3s_a_jobset_of_torch_hosts_runs_to_its_end(k3s_jobs: Any) -> None:
+    """The whole path on a real cluster: the JobSet controller makes the pods, the hosts
+    all-reduce over the headless Service's names, the watcher reports the end."""
+    from runtime.local.publisher import RecordingPublisher
+    from stasis.jobs import payload_bytes
+
+    config = copy.deepcopy(CONFIG)
+    small = next(p for p in config["profiles"] if p["id"] == "cpu-small")
+    small.update({"cpu": 0.25, "memory": "1Gi"})  # two hosts fit one K3s node
+    catalog = Catalog.from_config(config)
+    k8s = k3s_jobs
+    job_id = f"job-k3s-{os.urandom(3).hex()}"
+    prefix = js.job_prefix("ml-a", job_id)
+    k8s.gcs.put_bytes(k8s.bucket, f"{prefix}/{js.PAYLOAD}",
+                      payload_bytes(all_reduce, (5,), {}, HERE), "application/octet-stream")
+    runtime = KubernetesJobRuntime(
+        k8s.api, catalog=lambda: catalog, bucket=k8s.bucket, image=JOB_IMAGE,
+        source_image=k8s.agent_image,
+        env={"STORAGE_EMULATOR_HOST": "http://gcs.stasis-system.svc.cluster.local:4443"})
+    runtime.start(JobRun(job_id, "ml-a", "alice", "cpu-small", 2,
+                         f"gs://{k8s.bucket}/{prefix}/{js.PAYLOAD}", "req-k3s"))
+    bus = RecordingPublisher()
+    watch = JobWatch(KubeApi(k8s.api), bus, k8s.gcs)
+
+    def finished() -> Any:
+        watch.sync()
+        return next((e for e in bus.events if e.name == "job.finished"), None)
+
+    event = k8s.until(finished, 600, "job.finished")
+    assert event.payload.succeeded, event.payload.error
+    assert cloudpickle_loads(k8s.gcs.get_bytes(k8s.bucket, f"{prefix}/{js.RESULT}")) == 15
+    logs = "\n".join(k8s.gcs.get_bytes(k8s.bucket, name).decode()
+                     for name in k8s.gcs.list_objects(k8s.bucket, f"{prefix}/logs/"))
+    assert "rank 0 sum 15" in logs and "rank 1 sum 15" in logs
+    runtime.cancel(job_id, team="ml-a")
+    kube = KubeApi(k8s.api)
+    k8s.until(lambda: kube.read("JobSet", NAMESPACE, job_id) is None, 120, "the JobSet to go")
+
+
+def cloudpickle_loads(data: bytes) -> Any:
+    import cloudpickle
+
+    return cloudpickle.loads(data)

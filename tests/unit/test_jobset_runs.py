@@ -70,6 +70,13 @@ def test_cpu_and_gpu_jobsets_validate(profile: str, source_image: str | None) ->
                                   "spec": job["spec"]}, "1.35", strict=True)
     pod = pod_spec(obj)
     container = pod["containers"][0]
+    # team namespaces enforce the restricted Pod Security level
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    for c in [container, *pod.get("initContainers", [])]:
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     names = {e["name"] for e in container["env"]}
     assert not names & {"TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES"}
     assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "JAX_COORDINATOR_ADDRESS"} <= names
