@@ -20,6 +20,8 @@ counterpart of the local node agent's reports:
 - **workspace.idle_detected**: every ``idle_interval`` seconds, the activity of each running
   workspace (the Jupyter server's ``/api/status`` and kernels, through the agent).
 - **workspace.runtime_failed**: a pod that cannot start (image pull, config errors).
+- **job.finished**: a scale-out job's JobSet completed or failed, or a host cannot start
+  (``runtime.kubernetes.job_watch``, one of the ``watchers``).
 
 It is level-triggered: watches on pods, triggers and PodSnapshots only wake it early;
 every pass looks at the whole state, so a missed watch event or a restart loses nothing.
