@@ -7,8 +7,8 @@ serves git repositories over HTTP from this process, and times:
   applied), one sandbox after the other;
 - a redelivered ``start`` (objects exist: one bucket read and one Pod read);
 - ``start`` of this repository's own history (a bigger bundle);
-- one watch pass that reports a finished sandbox (reads, result.json, publish to memory,
-  five deletions).
+- one watch pass that reports a finished sandbox (Pod list, three object reads, publish
+  to memory).
 
     .venv/bin/python bench/k8s_sandbox_start.py [--count 5]
 """

@@ -12,8 +12,13 @@ sandbox.finished. Steps:
    ``gs://BUCKET/<result_prefix>/base.bundle`` with the commit in the object's metadata.
 3. **Sign** V4 URLs (:class:`GcsUrlSigner`): GET for the bundle, PUT for patch, log and
    exit status; they expire after the wall clock plus an hour.
-4. **Apply** the team namespace and ``sandbox_manifests`` in order: policies before the
-   Pod, so the Pod never runs unconfined.
+4. **Apply** the team namespace (and the control plane's RoleBinding in it, as for
+   workspaces) and ``sandbox_manifests`` in order: policies before the Pod, so the Pod
+   never runs unconfined.
+
+``cancel`` deletes the Pod, Secret, policies and bundle. The control plane calls it as it
+records a sandbox's end as well as to stop one: the monitor that reports the end only
+reads (its ClusterRole gets, lists and watches), like for jobs.
 
 Where the bundle is made: here, in the function, not in the Pod. The Pod's egress is
 default-deny (only Cloud Storage, by address); cloning in the Pod would need egress to
@@ -24,10 +29,11 @@ metadata and the Pod's annotations, so the patch is against a known commit even 
 branch moves, and a redelivered start uses the same commit. The price is the function's
 memory-backed ``/tmp`` (``max_bundle_bytes`` refuses bigger repositories).
 
-Idempotent per sandbox id: a ``result.json`` under the prefix (the watch wrote it) means
-the sandbox already ran; an existing Pod means it runs; an existing bundle is reused with
+Idempotent per sandbox id: an existing Pod means it runs; an existing bundle is reused with
 its commit; objects are created with ``KubeApi.apply`` (409 on ours is success). The
-Secret keeps the URLs minted first.
+Secret keeps the URLs minted first. (A start redelivered after the sandbox ended is never
+made: the handler starts only sandboxes it still records as running, and their objects
+are deleted only once the end is recorded.)
 
 Signed URLs: on GCP, :class:`GcsUrlSigner` with the function's credentials; credentials
 without a private key (Cloud Functions, GKE metadata) sign through IAM ``signBlob``
@@ -42,7 +48,6 @@ GCP, with a key nothing trusts.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -59,7 +64,6 @@ from functions.adapters.kube_api import KubeApi
 from functions.domain import manifests as m
 from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import RunSpec, Termination
-from functions.domain.slugs import slug
 from functions.ports import Bus, RuntimeRefused, RuntimeUnavailable
 
 SOURCE = "//stasis/runtime/kubernetes"
@@ -161,10 +165,12 @@ class KubernetesSandboxRuntime:
     def __init__(self, api_client: Any = None, *, storage: Any, signer: UrlSigner,
                  settings: sm.SandboxClusterSettings | None = None,
                  cluster: m.ClusterSettings | None = None, bus: Bus | None = None,
-                 max_bundle_bytes: int = 1 << 30,
+                 subject: Mapping[str, str] | None = None, max_bundle_bytes: int = 1 << 30,
                  clock: Callable[[], float] = time.time) -> None:
         """``storage``: a ``google.cloud.storage.Client`` (the function's: uploads the
-        bundle); ``signer``: mints the Pod's URLs; ``bus``: where ``cancel`` reports."""
+        bundle); ``signer``: mints the Pod's URLs; ``bus``: where ``cancel`` reports;
+        ``subject``: the control plane's RBAC subject, bound in a team namespace it
+        creates (``KubernetesRuntime`` does the same)."""
         self.kube = KubeApi(api_client)
         self.storage = storage
         self.signer = signer
@@ -172,6 +178,7 @@ class KubernetesSandboxRuntime:
         self.cluster = cluster or m.ClusterSettings(
             namespace_prefix=self.settings.namespace_prefix)
         self.bus = bus
+        self.subject = dict(subject) if subject else None
         self.max_bundle_bytes = max_bundle_bytes
         self._clock = clock
 
@@ -202,7 +209,10 @@ class KubernetesSandboxRuntime:
         if storage is None:
             storage = (gcs.Client.create_anonymous_client() if emulator
                        else gcs.Client(project=project))
-        return cls(storage=storage, signer=signer, settings=settings, bus=bus)
+        subject = env("STASIS_K8S_SUBJECT")
+        return cls(storage=storage, signer=signer, settings=settings, bus=bus,
+                   subject={"kind": "User", "name": subject, "apiGroup": m.RBAC_API}
+                   if subject else None)
 
     # -- the port ----------------------------------------------------------------------------
 
@@ -214,8 +224,6 @@ class KubernetesSandboxRuntime:
             raise RuntimeRefused(f"base ref {spec.base_ref!r} is not a git ref")
         namespace = sm.namespace_of(spec.team, self.settings)
         bucket = self._bucket(spec.bucket)
-        if self._exists(bucket, _object(spec, sm.RESULT_OBJECT)):
-            return  # it ran and was reported: a redelivered start changes nothing
         pod = self.kube.read("Pod", namespace, sm.object_name(spec.sandbox_id))
         if pod is not None:
             if m.annotations_of(pod).get(sm.ANN_SANDBOX_ID) != spec.sandbox_id:
@@ -227,6 +235,8 @@ class KubernetesSandboxRuntime:
         urls = {key: self._sign(spec, obj, method, content_type, expires)
                 for key, (obj, method, content_type) in sm.URL_OBJECTS.items()}
         self.kube.apply(m.team_namespace(spec.team, self.cluster))
+        if self.subject is not None:
+            self.kube.apply(m.team_role_binding(spec.team, self.subject, self.cluster))
         for obj in sm.sandbox_manifests(spec, base_sha, urls, self.settings):
             self.kube.apply(obj)
 
@@ -234,67 +244,71 @@ class KubernetesSandboxRuntime:
         raise RuntimeRefused("sandboxes on the Kubernetes runtime are never suspended, so "
                              f"there is nothing of {spec.sandbox_id} to resume")
 
-    def cancel(self, sandbox_id: str) -> None:
-        """Delete the sandbox's Pod, Secret and policies. A sandbox still running is
-        reported ``cancelled`` (when a bus is given), with the deterministic event id of
-        the watch's report, so either report is the one that counts."""
-        pods = self.sandbox_pods(sandbox_id)
-        for pod in pods:
-            annotations = m.annotations_of(pod)
-            if self.bus is not None and not sm.pod_ended(pod):
-                self._report_cancelled(pod, annotations)
-        namespaces = {str((p.get("metadata") or {}).get("namespace")) for p in pods}
-        namespaces |= {str((s.get("metadata") or {}).get("namespace"))
-                       for s in self._all_namespaces("Secret", sandbox_id)}
-        for namespace in namespaces:
+    def cancel(self, sandbox_id: str, *, team: str | None = None) -> None:
+        """Delete the sandbox's Pod, Secret, policies and bundle (idempotent). A sandbox
+        still running is reported ``cancelled`` (when a bus is given) under the id of the
+        watch's report, so whichever comes first is the one that counts. ``team`` narrows
+        the search to its namespace; without it every team namespace is looked at (the
+        control plane may list namespaces, not pods across them)."""
+        for namespace in self._namespaces(team):
+            pod = self._own(self.kube.read("Pod", namespace, sm.object_name(sandbox_id)),
+                            sandbox_id)
+            secret = self._own(self.kube.read("Secret", namespace,
+                                              sm.object_name(sandbox_id)), sandbox_id)
+            if pod is None and secret is None:
+                continue
+            if pod is not None and self.bus is not None and sm.pod_outcome(pod, None) is None:
+                self._report_cancelled(pod)
             delete_objects(self.kube, namespace, sandbox_id)
+            annotations = m.annotations_of(pod or secret or {})
+            bucket, prefix = annotations.get(sm.ANN_BUCKET), annotations.get(sm.ANN_PREFIX)
+            if bucket and prefix:
+                _delete(self._bucket(bucket), f"{prefix.strip('/')}/{sm.BUNDLE_OBJECT}")
 
-    def status(self, sandbox_id: str) -> dict[str, Any] | None:
-        """The Pod's phase and what its end means so far (None: no Pod)."""
-        pods = self.sandbox_pods(sandbox_id)
-        if not pods:
-            return None
-        pod = pods[0]
-        outcome = sm.pod_outcome(pod, None)
-        meta = pod.get("metadata") or {}
-        return {"sandbox_id": sandbox_id, "namespace": meta.get("namespace"),
-                "pod": meta.get("name"), "phase": (pod.get("status") or {}).get("phase"),
-                "state": "running" if outcome is None else "ended",
-                "base_sha": m.annotations_of(pod).get(sm.ANN_BASE_SHA)}
+    def status(self, sandbox_id: str, *, team: str | None = None) -> dict[str, Any] | None:
+        """The Pod's phase and whether it ended (None: no Pod)."""
+        for namespace in self._namespaces(team):
+            pod = self._own(self.kube.read("Pod", namespace, sm.object_name(sandbox_id)),
+                            sandbox_id)
+            if pod is None:
+                continue
+            return {"sandbox_id": sandbox_id, "namespace": namespace,
+                    "pod": sm.object_name(sandbox_id),
+                    "phase": (pod.get("status") or {}).get("phase"),
+                    "state": "running" if sm.pod_outcome(pod, None) is None else "ended",
+                    "base_sha": m.annotations_of(pod).get(sm.ANN_BASE_SHA)}
+        return None
 
     # -- the cluster ---------------------------------------------------------------------------
 
-    def sandbox_pods(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
-        """Sandbox Pods in every namespace (of one sandbox, or all)."""
-        return self._all_namespaces("Pod", sandbox_id)
+    def _namespaces(self, team: str | None) -> list[str]:
+        if team is not None:
+            return [sm.namespace_of(team, self.settings)]
+        prefix = self.settings.namespace_prefix
+        return sorted(str(ns["metadata"]["name"])
+                      for ns in self.kube.list("Namespace", None, f"{m.MANAGED_BY}={m.STASIS}")
+                      if m.is_managed(ns) and str(ns["metadata"].get("name", "")).startswith(
+                          prefix) and ns["metadata"]["name"] != self.cluster.system_namespace)
 
-    def _all_namespaces(self, kind: str, sandbox_id: str | None) -> list[dict[str, Any]]:
-        core = self.kube.api("CoreV1Api")
-        fn = {"Pod": core.list_pod_for_all_namespaces,
-              "Secret": core.list_secret_for_all_namespaces}[kind]
-        data = self.kube.call(fn, label_selector=sm.sandbox_labels_selector(sandbox_id))
-        items = [i for i in data.get("items") or [] if isinstance(i, dict) and sm.is_sandbox(i)]
-        if sandbox_id is None:
-            return items
-        # The selector narrows what the server sends; the annotation decides.
-        return [i for i in items if m.annotations_of(i).get(sm.ANN_SANDBOX_ID, sandbox_id)
-                == sandbox_id and _label(i) == slug(sandbox_id)]
+    @staticmethod
+    def _own(obj: dict[str, Any] | None, sandbox_id: str) -> dict[str, Any] | None:
+        """``obj`` if it is this sandbox's (names are slugs: the annotation decides)."""
+        if obj is None or not sm.is_sandbox(obj):
+            return None
+        return obj if m.annotations_of(obj).get(sm.ANN_SANDBOX_ID) == sandbox_id else None
 
-    def _report_cancelled(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+    def _report_cancelled(self, pod: Mapping[str, Any]) -> None:
+        annotations = m.annotations_of(pod)
         sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
-        bucket = self._bucket(str(annotations.get(sm.ANN_BUCKET) or ""))
-        prefix = str(annotations.get(sm.ANN_PREFIX) or "")
-        if not sandbox_id or self._exists(bucket, f"{prefix}/{sm.RESULT_OBJECT}"):
-            return
         payload = SandboxFinished(
             sandbox_id, False, termination=Termination.CANCELLED,
-            error="cancelled: the sandbox's pod was deleted", base_sha=annotations.get(
-                sm.ANN_BASE_SHA), network=str(annotations.get(sm.ANN_NETWORK) or ""))
-        write_result(bucket, prefix, payload)
+            error="cancelled: the sandbox's pod was deleted",
+            base_sha=annotations.get(sm.ANN_BASE_SHA) or None,
+            network=str(annotations.get(sm.ANN_NETWORK) or ""))
         assert self.bus is not None
-        requestid = str(annotations.get(sm.ANN_REQUESTID) or "") or None
-        self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid,
-                                   id=finished_event_id(sandbox_id, requestid or "")))
+        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
+        self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid or None,
+                                   id=finished_event_id(sandbox_id, requestid)))
 
     # -- the bundle ------------------------------------------------------------------------
 
@@ -365,9 +379,6 @@ class KubernetesSandboxRuntime:
     def _bucket(self, name: str) -> Any:
         return self.storage.bucket(name)
 
-    def _exists(self, bucket: Any, name: str) -> bool:
-        return _reload(bucket.blob(name))
-
     def _sign(self, spec: RunSpec, obj: str, method: str, content_type: str | None,
               expires: timedelta) -> str:
         return self.signer.sign(spec.bucket, _object(spec, obj), method=method,
@@ -376,10 +387,6 @@ class KubernetesSandboxRuntime:
 
 def _object(spec: RunSpec, name: str) -> str:
     return f"{spec.prefix.strip('/')}/{name}"
-
-
-def _label(obj: Mapping[str, Any]) -> str:
-    return str(((obj.get("metadata") or {}).get("labels") or {}).get(sm.LABEL_SANDBOX) or "")
 
 
 def _aliases(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -411,17 +418,21 @@ def finished_event_id(sandbox_id: str, requestid: str) -> str:
     return hashlib.sha256(f"k8s-sandbox:{sandbox_id}:{requestid}".encode()).hexdigest()[:32]
 
 
-def write_result(bucket: Any, prefix: str, payload: SandboxFinished) -> None:
-    """``result.json``: what was reported, so nobody reports (or starts) it again."""
-    import dataclasses
-
-    bucket.blob(f"{prefix.strip('/')}/{sm.RESULT_OBJECT}").upload_from_string(
-        json.dumps(dataclasses.asdict(payload), indent=2), content_type="application/json")
-
-
 def delete_objects(kube: KubeApi, namespace: str, sandbox_id: str) -> None:
     """Delete one sandbox's Pod, Secret and policies (missing ones are fine)."""
     base = sm.object_name(sandbox_id)
     for kind in OBJECT_KINDS:
         kube.delete(kind, namespace, base)
     kube.delete("NetworkPolicy", namespace, sm.dns_policy_name(sandbox_id))
+
+
+def _delete(bucket: Any, name: str) -> None:
+    from google.api_core.exceptions import NotFound
+
+    try:
+        bucket.blob(name).delete()
+    except NotFound:
+        return
+    except Exception as exc:
+        raise RuntimeUnavailable(f"Cloud Storage: deleting gs://{bucket.name}/{name} failed: "
+                                 f"{exc}") from exc

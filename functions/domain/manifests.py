@@ -992,6 +992,8 @@ def workspace_manager_rules() -> list[dict[str, Any]]:
         _rule(PODSNAPSHOT_GROUP, ["podsnapshots"], ["get", "list", "delete"]),
         # scale-out jobs: a JobSet and its headless Service per job (kubernetes_job_runtime)
         _rule("jobset.x-k8s.io", ["jobsets"], ["get", "create", "delete"]),
+        # agent sandboxes: host names a sandbox may reach (kubernetes_sandbox_runtime)
+        _rule("networking.gke.io", ["fqdnnetworkpolicies"], ["get", "list", "create", "delete"]),
     ]
 
 

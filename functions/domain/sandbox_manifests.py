@@ -42,9 +42,8 @@ cluster. What the objects promise:
   destinations that are host names, plus DNS to kube-dns; none when there are none.
 
 Objects in Cloud Storage, under the sandbox's ``result_prefix``: ``base.bundle`` (the
-checkout's input), ``patch.diff``, ``log.txt``, ``exit_status`` (the collector's output)
-and ``result.json`` (the sandbox.finished payload, written by the watcher before it
-publishes: a restarted watcher or a redelivered start sees the sandbox already ended).
+checkout's input, deleted with the sandbox's Kubernetes objects), ``patch.diff``,
+``log.txt`` and ``exit_status`` (the collector's output).
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ BUNDLE_OBJECT = "base.bundle"
 PATCH_OBJECT = "patch.diff"
 LOG_OBJECT = "log.txt"
 STATUS_OBJECT = "exit_status"
-RESULT_OBJECT = "result.json"
 #: Which object each signed URL is for, with its method and content type (the signature
 #: of a PUT covers the content type, so the collector must send exactly this one).
 URL_OBJECTS: dict[str, tuple[str, str, str | None]] = {
@@ -168,8 +166,11 @@ def sandbox_secret(spec: RunSpec, urls: Mapping[str, str],
     missing = [k for k in SECRET_KEYS if k not in urls]
     if missing:
         raise ValueError(f"signed URLs missing: {', '.join(missing)}")
+    # Where its objects are, for whoever removes the sandbox once the Pod is gone.
+    annotations = {ANN_SANDBOX_ID: spec.sandbox_id, ANN_BUCKET: spec.bucket,
+                   ANN_PREFIX: spec.prefix}
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _meta(spec, settings),
+            "metadata": _meta(spec, settings, annotations),
             "stringData": {k: urls[k] for k in SECRET_KEYS}}
 
 

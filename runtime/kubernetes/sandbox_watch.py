@@ -1,40 +1,33 @@
 """The cluster monitor's watch on agent sandboxes: a sandbox Pod's end, turned into
-sandbox.finished, and its objects removed.
+sandbox.finished.
 
-``SandboxWatch.sync()`` runs on every monitor pass (``Monitor(watchers=...)``). For each
-sandbox Pod (labels of ``functions.domain.sandbox_manifests``) that ended (phase Succeeded
-or Failed, ``DeadlineExceeded``, the task OOM-killed, or a container that can never
-start), it reads the collector's ``exit_status`` from Cloud Storage, lets
-``sandbox_manifests.pod_outcome`` say what that means, measures the patch object (bytes,
-files), and then, in this order:
+``SandboxWatch.sync()`` runs on every monitor pass (``Monitor(watchers=...)``, woken
+early by the monitor's watch on Stasis pods). For each sandbox Pod (labels of
+``functions.domain.sandbox_manifests``) that ended (phase Succeeded or Failed,
+``DeadlineExceeded``, the task OOM-killed, or a container that can never start), it reads
+the collector's ``exit_status`` from Cloud Storage, lets ``sandbox_manifests.pod_outcome``
+say what that means, measures the patch object (bytes, files), and publishes
+sandbox.finished with an id derived from the sandbox and its request.
 
-1. writes ``result.json`` (the payload) under the sandbox's prefix,
-2. publishes sandbox.finished with an id derived from the sandbox and request,
-3. deletes the Pod, Secret and policies, and the bundle object.
+The monitor only reads, in the cluster and in the bucket (its ClusterRole gets, lists and
+watches): the control plane deletes the sandbox's objects and bundle as it records the
+end (``KubernetesSandboxRuntime.cancel``), whoever reported it, as for jobs.
 
-Level-triggered like the monitor: a restart between any two steps loses nothing (a Pod
-with a ``result.json`` is reported from it again and cleaned up), and a duplicate event
-carries the same id and requestid, which the control plane's ledger absorbs.
+Level-triggered like the monitor: each pass looks at every sandbox Pod; a Pod that ended
+is reported once per process, and again after a restart while its objects remain, with the
+same id and requestid, which the control plane's ledger absorbs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from events import SandboxFinished, new_event
 from functions.adapters.kube_api import KubeApi
-from functions.adapters.kubernetes_sandbox_runtime import (
-    SOURCE,
-    delete_objects,
-    finished_event_id,
-    write_result,
-)
+from functions.adapters.kubernetes_sandbox_runtime import SOURCE, finished_event_id
 from functions.domain import manifests as m
 from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import Termination
@@ -43,19 +36,24 @@ log = logging.getLogger(__name__)
 
 #: Largest patch read to list its files (bigger ones are reported by size only).
 MAX_PATCH_READ = 64 << 20
-_FIELDS = {f.name for f in dataclasses.fields(SandboxFinished)}
+
+
+class Logs(Protocol):
+    def pod_log(self, namespace: str, pod: str, container: str | None = None, *,
+                limit_bytes: int | None = None) -> str: ...
 
 
 class SandboxWatch:
-    def __init__(self, pods: Callable[[], list[dict[str, Any]]], kube: KubeApi, storage: Any,
+    def __init__(self, pods: Callable[[], list[dict[str, Any]]], logs: Logs, storage: Any,
                  bus: Any) -> None:
-        """``pods``: every Stasis Pod of the cluster (``KubeCluster.pods``); ``kube``:
-        deletes and logs; ``storage``: a ``google.cloud.storage.Client``; ``bus``: where
-        sandbox.finished goes."""
+        """``pods``: every Stasis Pod of the cluster (``KubeCluster.pods``); ``logs``: a
+        failed checkout's log (``KubeApi``); ``storage``: a ``google.cloud.storage.Client``;
+        ``bus``: where sandbox.finished goes."""
         self.pods = pods
-        self.kube = kube
+        self.logs = logs
         self.storage = storage
         self.bus = bus
+        self._reported: set[str] = set()
 
     @classmethod
     def from_environment(cls, pods: Callable[[], list[dict[str, Any]]], api_client: Any,
@@ -76,32 +74,28 @@ class SandboxWatch:
         return busy
 
     def observe(self, pod: Mapping[str, Any]) -> bool:
-        """Report and clean up one Pod if it ended; True while it runs."""
+        """Report one Pod's end (once); True while it runs."""
         meta = pod.get("metadata") or {}
         annotations = m.annotations_of(pod)
         sandbox_id = annotations.get(sm.ANN_SANDBOX_ID)
         if meta.get("deletionTimestamp") or not sandbox_id:
             return False
+        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
+        event_id = finished_event_id(sandbox_id, requestid)
+        if event_id in self._reported:
+            return False  # published; the control plane deletes it as it records the end
         bucket = self.storage.bucket(annotations.get(sm.ANN_BUCKET) or "")
         prefix = str(annotations.get(sm.ANN_PREFIX) or "").strip("/")
-        reported = _json(_read(bucket, f"{prefix}/{sm.RESULT_OBJECT}"))
-        if reported is not None:
-            payload = SandboxFinished(**{k: v for k, v in reported.items() if k in _FIELDS})
-        else:
-            ended = sm.pod_ended(pod)
-            status = _read(bucket, f"{prefix}/{sm.STATUS_OBJECT}") if ended else None
-            outcome = sm.pod_outcome(pod, status.decode(errors="replace")
-                                     if status is not None else None)
-            if outcome is None:
-                return True
-            payload = self._payload(pod, outcome, bucket, prefix)
-            write_result(bucket, prefix, payload)
-        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
+        status = _read(bucket, f"{prefix}/{sm.STATUS_OBJECT}") if sm.pod_ended(pod) else None
+        outcome = sm.pod_outcome(pod, status.decode(errors="replace")
+                                 if status is not None else None)
+        if outcome is None:
+            return True
+        payload = self._payload(pod, outcome, bucket, prefix)
         self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid or None,
-                                   id=finished_event_id(sandbox_id, requestid)))
+                                   id=event_id))
+        self._reported.add(event_id)
         log.info("sandbox %s finished: %s", sandbox_id, payload.termination)
-        delete_objects(self.kube, str(meta.get("namespace")), sandbox_id)
-        _delete(bucket, f"{prefix}/{sm.BUNDLE_OBJECT}")
         return False
 
     def _payload(self, pod: Mapping[str, Any], outcome: sm.PodOutcome, bucket: Any,
@@ -111,7 +105,7 @@ class SandboxWatch:
         if outcome.termination == Termination.FAILED_TO_START and error and \
                 error.startswith("the checkout failed"):
             meta = pod.get("metadata") or {}
-            tail = [line for line in self.kube.pod_log(
+            tail = [line for line in self.logs.pod_log(
                 str(meta.get("namespace")), str(meta.get("name")), sm.CHECKOUT_CONTAINER,
                 limit_bytes=4096).splitlines() if line.strip()]
             if tail:
@@ -137,20 +131,3 @@ class SandboxWatch:
 def _read(bucket: Any, name: str) -> bytes | None:
     blob = bucket.get_blob(name)
     return None if blob is None else bytes(blob.download_as_bytes())
-
-
-def _json(data: bytes | None) -> dict[str, Any] | None:
-    if data is None:
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _delete(bucket: Any, name: str) -> None:
-    from google.api_core.exceptions import NotFound
-
-    with contextlib.suppress(NotFound):
-        bucket.blob(name).delete()

@@ -7,8 +7,8 @@ here: Alpine with git and curl). K3s enforces NetworkPolicy (its embedded kube-r
 the task fixes a failing test and also tries to reach the git server, which the
 default-deny policy must stop; only the storage endpoint is open. The sandbox watch runs
 in this process and reports sandbox.finished; the patch is applied to a fresh clone and
-the test passes. K3s has no gVisor: the Pod runs with the node's default runtime
-(``runtime_class=None``).
+the test passes; ``cancel`` (the control plane's part) removes the Pod. K3s has no
+gVisor: the Pod runs with the node's default runtime (``runtime_class=None``).
 
 These tests need a Docker daemon (and network access to pull ``rancher/k3s`` and
 ``alpine``); where there is none they are reported as skipped with the reason.
@@ -181,7 +181,10 @@ def test_a_sandbox_on_k3s_returns_a_patch_and_reaches_nothing_else(
     (tmp_path / "fix.diff").write_bytes(patch)
     subprocess.run(["git", "apply", str(tmp_path / "fix.diff")], cwd=work, check=True)
     assert subprocess.run(["python3", "test_calc.py"], cwd=work).returncode == 0
-    _until(lambda: runtime.status(spec.sandbox_id) is None, 60, "the watch to remove the Pod")
+    # The control plane removes the objects as it records the end (the monitor only reads).
+    runtime.cancel(spec.sandbox_id, team="ml-a")
+    _until(lambda: runtime.status(spec.sandbox_id) is None, 60, "the Pod to go")
+    assert [e.payload.termination for e in bus.events] == ["exited"]
 
 
 def _create_bucket(gcs: Any) -> Any:

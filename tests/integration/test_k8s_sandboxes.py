@@ -50,6 +50,8 @@ from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import PubSubPublisher
 
 K8S_VERSION = "1.35"
+SUBJECT = {"kind": "User", "name": "fn@example-project.iam.gserviceaccount.com",
+           "apiGroup": "rbac.authorization.k8s.io"}
 TEAM = "ml-a"
 NAMESPACE = "stasis-ml-a"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false"]
@@ -184,7 +186,7 @@ def runtime(cluster: EmulatedCluster, bucket: storage.Bucket, emulators: Any,
     runtime = KubernetesSandboxRuntime(
         cluster.api_client, storage=bucket.client,
         signer=GcsUrlSigner.for_emulator(emulators.gcs.url),
-        bus=PubSubPublisher(emulator_env["STASIS_PROJECT"]))
+        bus=PubSubPublisher(emulator_env["STASIS_PROJECT"]), subject=SUBJECT)
     runtime.kube = RecordingKube(cluster.api_client)
     return runtime
 
@@ -265,9 +267,10 @@ def test_start_bundles_the_base_commit_and_applies_policies_before_the_pod(
     runtime.start(spec)
 
     applied = runtime.kube.applied  # type: ignore[attr-defined]
-    assert [kind for kind, _ in applied] == ["Namespace", "NetworkPolicy", "NetworkPolicy",
-                                             "FQDNNetworkPolicy", "Secret", "Pod"]
-    for kind, name in applied[1:]:
+    assert [kind for kind, _ in applied] == ["Namespace", "RoleBinding", "NetworkPolicy",
+                                             "NetworkPolicy", "FQDNNetworkPolicy", "Secret",
+                                             "Pod"]
+    for kind, name in applied[2:]:
         obj = read(cluster, kind, name)
         assert obj is not None, (kind, name)
         if kind != "FQDNNetworkPolicy":  # a GKE CRD, not in the Kubernetes schema
@@ -325,20 +328,6 @@ def test_a_redelivered_start_changes_nothing(cluster: EmulatedCluster,
     runtime.start(spec)
     pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
     assert pod is not None and pod["metadata"]["annotations"][sm.ANN_BASE_SHA] == repo.head
-
-
-def test_a_start_after_the_sandbox_was_reported_starts_nothing(
-        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
-        repo: Repo, bucket: storage.Bucket, finished: Finished) -> None:
-    spec = spec_for(repo, bucket)
-    runtime.start(spec)
-    collector(bucket, spec, "0 exited")
-    kubelet(cluster, spec, {"phase": "Succeeded"})
-    watch.sync()
-    assert [e.payload.sandbox_id for e in finished.pull()] == [spec.sandbox_id]
-    assert sandbox_objects(cluster) == []
-    runtime.start(spec)
-    assert sandbox_objects(cluster) == []
 
 
 @pytest.mark.parametrize("where", ["path", "relative", "file-url"])
@@ -438,11 +427,14 @@ def test_the_watch_reports_how_the_pod_ended_and_cleans_up(
         assert (payload.patch_uri, payload.patch_bytes, payload.files_changed) == (None, 0, [])
     if case == "succeeded":
         assert payload.duration_ms == 90_000
-    # Cleaned up: no objects, no bundle; the result stays for the record.
-    assert sandbox_objects(cluster) == []
-    assert sm.RESULT_OBJECT in names(bucket, spec)
-    assert sm.BUNDLE_OBJECT not in names(bucket, spec)
+    # Reported once; the monitor only reads: the objects stay until the control plane,
+    # recording the end, removes them (and a pod that ended is not "cancelled").
     assert watch.sync() is False and finished.none_pending()
+    assert ("Pod", sm.object_name(spec.sandbox_id)) in sandbox_objects(cluster)
+    runtime.cancel(spec.sandbox_id)
+    assert sandbox_objects(cluster) == []
+    assert sm.BUNDLE_OBJECT not in names(bucket, spec)
+    assert finished.none_pending()
 
 
 class FailingBus:
@@ -450,26 +442,25 @@ class FailingBus:
         raise ConnectionError("Pub/Sub is down")
 
 
-def test_a_watch_that_died_before_publishing_reports_after_its_restart(
+def test_a_restarted_watch_reports_again_under_the_same_id(
         cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
         repo: Repo, bucket: storage.Bucket, finished: Finished) -> None:
     spec = spec_for(repo, bucket)
     runtime.start(spec)
     collector(bucket, spec, "0 exited", PATCH)
     kubelet(cluster, spec, {"phase": "Succeeded"})
-    dying = SandboxWatch(watch.pods, watch.kube, watch.storage, FailingBus())
+    dying = SandboxWatch(watch.pods, watch.logs, watch.storage, FailingBus())
     with pytest.raises(ConnectionError):
         dying.sync()
-    assert sm.RESULT_OBJECT in names(bucket, spec)
-    assert ("Pod", sm.object_name(spec.sandbox_id)) in sandbox_objects(cluster)
-    # Whatever the cluster shows now, the report is the one already written.
-    kubelet(cluster, spec, {"phase": "Failed", "reason": "DeadlineExceeded"})
+    assert finished.none_pending()
 
     assert watch.sync() is False
-    [event] = finished.pull()
-    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
-    assert event.payload.termination == "exited" and event.payload.succeeded
-    assert sandbox_objects(cluster) == []
+    restarted = SandboxWatch(watch.pods, watch.logs, watch.storage, watch.bus)
+    assert restarted.sync() is False
+    first, again = finished.pull(2)
+    assert first.id == again.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert first.payload == again.payload and first.requestid == again.requestid
+    assert first.payload.termination == "exited" and first.payload.succeeded
 
 
 def test_cancel_deletes_the_objects_and_reports_cancelled(
@@ -482,8 +473,9 @@ def test_cancel_deletes_the_objects_and_reports_cancelled(
         "sandbox_id": spec.sandbox_id, "namespace": NAMESPACE,
         "pod": sm.object_name(spec.sandbox_id), "phase": None, "state": "running",
         "base_sha": repo.head}
-    runtime.cancel(spec.sandbox_id)
+    runtime.cancel(spec.sandbox_id, team=TEAM)
     assert sandbox_objects(cluster) == []
+    assert sm.BUNDLE_OBJECT not in names(bucket, spec)
     [event] = finished.pull()
     assert (event.payload.termination, event.payload.succeeded) == ("cancelled", False)
     assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
