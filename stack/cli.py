@@ -470,7 +470,9 @@ def reconcile(dry_run: bool, as_json: bool) -> None:
         _echo_json(repairs)
         return
     click.echo("nothing to repair" if not repairs else "\n".join(
-        f"{r['workspace_id']}: {r['why']} -> {r['action']}" for r in repairs))
+        # a workspace's, a sandbox's or a job's repair
+        f"{r.get('workspace_id') or r.get('sandbox_id') or r.get('job_id')}: {r['why']} -> "
+        f"{r['action']}" for r in repairs))
 
 
 # --- admin ---------------------------------------------------------------------------------

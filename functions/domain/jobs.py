@@ -13,6 +13,13 @@ States::
 
 A redelivered job.submitted for a job already known changes nothing; a job.finished for a
 job already ended, or never admitted, releases nothing (quota is never released twice).
+
+Admission checks, in the order workspaces use (the catalog, then the hardware, then the
+quota, so nobody is sent to an admin for quota that this node could not use anyway): the
+team and profile, ``hosts``, this node's accelerators for a ``local`` job (all its hosts
+run on the one node: it must have ``profile accelerators x hosts``; a cluster places hosts
+on its own nodes and reports no accelerators, so nothing is checked there), the team's
+quota. Refusals speak of the job and what to do about it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,14 @@ from enum import StrEnum
 from typing import Any
 
 from events.payloads import JobSubmitted
-from functions.domain.catalog import Profile, Quotas, Refusal
+from functions.domain.catalog import (
+    Profile,
+    Quotas,
+    Refusal,
+    RefusalReason,
+    accelerator_kind,
+    check_hardware,
+)
 from functions.domain.quota import Admitted, Usage, accelerators_of, admit, release
 
 MAX_HOSTS = 1024
@@ -137,8 +151,12 @@ class Decision:
 
 def submit(request: Request, *, existing: Job | None, profile: Profile | None,
            team_profiles: tuple[str, ...] | None, quotas: Quotas | None, usage: Usage,
-           now: datetime, contact: str | None = None) -> Decision:
-    """Admit a job (RUNNING, its accelerators added to ``usage``) or refuse it (REFUSED)."""
+           now: datetime, contact: str | None = None,
+           host_capabilities: Mapping[str, Any] | None = None) -> Decision:
+    """Admit a job (RUNNING, its accelerators added to ``usage``) or refuse it (REFUSED).
+
+    ``host_capabilities``: what the runtime reports (``Runtime.capabilities``); None checks
+    no hardware."""
     if existing is not None:
         return Decision(None, None, existing.state != JobState.REFUSED, "duplicate",
                         f"job {request.job_id} is already {existing.state}")
@@ -161,10 +179,14 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
         demand = demand_of(profile, request.hosts)
     except ValueError as exc:
         return refused("bad_request", str(exc))
+    missing = hardware_refusal(request, profile, host_capabilities)
+    if missing is not None:
+        return refused(str(RefusalReason.ACCELERATOR_UNAVAILABLE), missing)
     outcome = admit(quotas, usage, demand, request.team, contact=contact)
     if isinstance(outcome, Refusal):
-        return refused(str(outcome.reason), f"job {request.job_id} ({request.hosts} x "
-                                            f"{profile.id}) refused: {outcome.message}")
+        return refused(str(outcome.reason),
+                       _quota_message(request, profile, demand, usage, quotas, outcome,
+                                      contact))
     assert isinstance(outcome, Admitted)
     job = Job(request.job_id, request.team, request.owner, profile.id, request.hosts,
               JobState.RUNNING, gpus=demand.gpus, tpus=demand.tpus,
@@ -173,6 +195,48 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
               message=f"running on {request.hosts} x {profile.id}", submitted_at=now,
               started_at=now)
     return Decision(job, outcome.usage, True, "admitted", job.message)
+
+
+def hardware_refusal(request: Request, profile: Profile,
+                     host_capabilities: Mapping[str, Any] | None) -> str | None:
+    """Why this node cannot run a ``local`` job's hosts (they all run here), or None."""
+    acc = profile.accelerator
+    if acc is None or host_capabilities is None or request.runtime != "local":
+        return None
+    total = replace(acc, count=acc.count * request.hosts)
+    if check_hardware(replace(profile, accelerator=total), host_capabilities) is None:
+        return None
+    kind = acc.kind.upper()
+    same_kind = sorted((t, n) for t, n in (host_capabilities.get("accelerators") or {}).items()
+                       if isinstance(t, str) and isinstance(n, int) and n > 0
+                       and accelerator_kind(t) == acc.kind)
+    have = (", ".join(f"{n} x {t}" for t, n in same_kind) if same_kind else f"no {kind}")
+    each = "" if request.hosts == 1 else f" ({request.hosts} hosts x {acc.count}, all here)"
+    return (f"job {request.job_id} ({request.hosts} x {profile.id}) needs {total}{each} on "
+            f"this node, which has {have}: submit it with a profile without {kind}s here, "
+            f"or from a workspace on a cluster that has {acc.type}")
+
+
+def _quota_message(request: Request, profile: Profile, demand: Usage, usage: Usage,
+                   quotas: Quotas, refusal: Refusal, contact: str | None) -> str:
+    what = f"job {request.job_id} ({request.hosts} x {profile.id})"
+    for reason, unit, used, needed, limit in (
+        (RefusalReason.GPU_QUOTA_EXCEEDED, "GPUs", usage.gpus, demand.gpus, quotas.gpus),
+        (RefusalReason.TPU_QUOTA_EXCEEDED, "TPU chips", usage.tpus, demand.tpus, quotas.tpus),
+    ):
+        if refusal.reason != reason or limit <= 0:
+            continue
+        if needed > limit:  # waiting would not help
+            fits = limit // (needed // request.hosts)
+            smaller = (f"use at most {fits} host{'s' if fits > 1 else ''}" if fits else
+                       "choose a smaller profile")
+            return (f"{what} needs {needed} {unit}, more than team {request.team}'s "
+                    f"allowance of {limit}: {smaller}, or ask {contact or 'your team admin'} "
+                    f"for more")
+        return (f"{what} needs {needed} {unit} but team {request.team} uses {used}/{limit}: "
+                f"wait for one of its jobs to end, or pause a workspace that holds some "
+                f"(see `stasis jobs list` and `stasis ws list`)")
+    return f"{what} refused: {refusal.message}"
 
 
 def finish(job: Job | None, *, job_id: str, succeeded: bool, termination: str,

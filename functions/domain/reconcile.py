@@ -5,7 +5,9 @@ of events to publish (the reconciler changes state only through events, like eve
 else) and of orphan processes to release. Event ids derive from the workspace version, so
 running the reconciler twice before the first repair lands has one effect. Sandboxes
 (:func:`sandbox_repairs`): a RUNNING one silent past its wall clock + grace ends
-``runtime_lost``, which frees its team slot.
+``runtime_lost``, which frees its team slot. Local jobs (:func:`lost_jobs`): a RUNNING one
+whose workspace's server has stopped since it started ends ``runtime_lost``, which gives
+the team's accelerators back.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from events.payloads import (
+    JobFinished,
     SandboxFinished,
     SnapshotFinished,
     WorkspaceDeleteRequested,
     WorkspaceRuntimeFailed,
 )
-from functions.domain.lifecycle import State, Workspace
+from functions.domain.jobs import Job, JobState
+from functions.domain.lifecycle import Reason, State, Workspace
 from functions.domain.sandboxes import Sandbox, overdue
 
 #: How long a transition may wait on the runtime before it counts as stuck.
@@ -62,13 +66,24 @@ class SandboxRepair:
     event_id: str
 
 
+@dataclass(frozen=True)
+class JobRepair:
+    """A RUNNING local job whose kernel is gone with its workspace's server: ``runtime_lost``."""
+
+    job_id: str
+    why: str
+    event: JobFinished
+    event_id: str
+
+
 @dataclass
 class Plan:
     repairs: list[Repair] = field(default_factory=list)
     sandboxes: list[SandboxRepair] = field(default_factory=list)
+    jobs: list[JobRepair] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.repairs) or bool(self.sandboxes)
+        return bool(self.repairs) or bool(self.sandboxes) or bool(self.jobs)
 
 
 def plan(workspaces: Iterable[Workspace], runtime: Mapping[str, RuntimeView], now: datetime,
@@ -135,4 +150,60 @@ def sandbox_repairs(sandboxes: Iterable[Sandbox], now: datetime,
                                 termination="runtime_lost", error=f"runtime lost: {why}")
         repairs.append(SandboxRepair(sandbox.id, why, event,
                                      f"reconcile-{sandbox.id}-v{sandbox.version}"))
+    return repairs
+
+
+#: How long after its workspace's server stopped a local job may still report its own end:
+#: a kernel that saw its job end just before the pause publishes job.finished on its way
+#: out, and that real outcome should win over ``runtime_lost``. (Either order releases the
+#: accelerators once: ``functions.domain.jobs.finish`` ignores a job that already ended.)
+JOB_GRACE = timedelta(seconds=30)
+#: Workspace states whose server has been stopped (or never ran the job's kernel): PAUSED
+#: and FAILED stop it before the state commits, RESUMING / PROVISIONING / REQUESTED start a
+#: new one. Not PAUSING (a failed snapshot leaves the kernel, and its job, running) nor
+#: DELETING (it ends DELETED or gone, which count).
+SERVER_GONE = frozenset({State.PAUSED, State.FAILED, State.DELETED, State.RESUMING,
+                         State.PROVISIONING, State.REQUESTED})
+#: A RUNNING workspace whose latest transition was one of these got a new server then.
+NEW_SERVER = frozenset({str(Reason.READY), str(Reason.RESUMED)})
+
+
+def lost_jobs(jobs: Iterable[Job], workspaces: Mapping[str, Workspace | None], now: datetime,
+              grace: timedelta = JOB_GRACE) -> list[JobRepair]:
+    """RUNNING ``local`` jobs whose workspace's server stopped after they started, more than
+    ``grace`` ago: each gets a job.finished ``runtime_lost``.
+
+    A local job's hosts are children of the kernel that submitted it, and that kernel
+    reports its end; pausing or deleting the workspace (or a resume, which starts a new
+    server) kills both, so nobody else would. ``workspaces`` maps each job's workspace id
+    to its document (None: gone). A job of a workspace whose server still runs is left
+    alone, and so are jobs of other runtimes (a cluster's JobSet outlives the workspace).
+    The event id derives from the job: repeated runs before the first lands have one effect.
+    """
+    repairs = []
+    for job in jobs:
+        if job.state != JobState.RUNNING or job.runtime != "local" or not job.workspace_id:
+            continue
+        started = job.started_at or job.submitted_at
+        if started is None:
+            continue
+        ws = workspaces.get(job.workspace_id)
+        if ws is None:
+            since, what = started, "is gone"
+        elif ws.state in SERVER_GONE:
+            since, what = max(started, ws.updated_at or started), f"is {ws.state}"
+        elif (ws.state == State.RUNNING and ws.state_reason in NEW_SERVER
+              and ws.updated_at is not None and ws.updated_at > started):
+            since, what = ws.updated_at, f"got a new server ({ws.state_reason})"
+        else:
+            continue
+        if now - since <= grace:
+            continue
+        why = (f"workspace {job.workspace_id} {what} for "
+               f"{int((now - since).total_seconds())}s, and with it the kernel that ran job "
+               f"{job.id} ({job.hosts} x {job.profile}) and its hosts")
+        duration = max(0, int((now - started).total_seconds() * 1000))
+        event = JobFinished(job_id=job.id, succeeded=False, termination="runtime_lost",
+                            error=f"runtime lost: {why}", duration_ms=duration)
+        repairs.append(JobRepair(job.id, why, event, f"reconcile-{job.id}-lost"))
     return repairs

@@ -5,6 +5,7 @@ Runs on a schedule (Cloud Scheduler -> the ``reconcile`` function) and on demand
 process, asks the runtime what it runs, and acts on the pure plan of
 functions.domain.reconcile: repairs are published as events, orphans are released.
 RUNNING sandboxes past their wall clock + grace get a sandbox.finished ``runtime_lost``.
+RUNNING local jobs whose workspace's server stopped get a job.finished ``runtime_lost``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import logging
 from typing import Any
 
 from events import new_event
+from functions.domain.jobs import JobState
 from functions.domain.lifecycle import State
-from functions.domain.reconcile import Plan, RuntimeView, plan, sandbox_repairs
+from functions.domain.reconcile import Plan, RuntimeView, lost_jobs, plan, sandbox_repairs
 from functions.domain.sandboxes import SandboxState
 from functions.handlers.deps import Deps
 
@@ -30,6 +32,7 @@ def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
                for s in deps.runtime.list()}
     result = plan(workspaces, runtime, deps.clock())
     _repair_sandboxes(deps, result, fix=fix)
+    _repair_jobs(deps, result, fix=fix)
     if not fix:
         return result
     for repair in result.repairs:
@@ -57,9 +60,28 @@ def _repair_sandboxes(deps: Deps, result: Plan, *, fix: bool) -> None:
                                    requestid=repair.event_id))
 
 
+def _repair_jobs(deps: Deps, result: Plan, *, fix: bool) -> None:
+    """RUNNING local jobs whose kernel went with their workspace's server end runtime_lost
+    (through the jobs handler, like the kernel's own report), which gives their
+    accelerators back."""
+    if deps.jobs is None:
+        return
+    running = deps.jobs.list(states=(JobState.RUNNING,), limit=1000)
+    ids = {job.workspace_id for job in running if job.workspace_id}
+    workspaces = {ws_id: deps.store.get_workspace(ws_id) for ws_id in sorted(ids)}
+    result.jobs.extend(lost_jobs(running, workspaces, deps.clock()))
+    if not fix:
+        return
+    for repair in result.jobs:
+        log.warning("reconcile job %s: %s", repair.job_id, repair.why)
+        deps.bus.publish(new_event(repair.event, source=SOURCE, id=repair.event_id,
+                                   requestid=repair.event_id))
+
+
 def summary(result: Plan) -> list[dict[str, Any]]:
     return [{"workspace_id": r.workspace_id, "why": r.why,
              "action": "release" if r.release else (type(r.event).__name__ if r.event else "")}
             for r in result.repairs] + [
         {"sandbox_id": r.sandbox_id, "why": r.why, "action": "SandboxFinished"}
-        for r in result.sandboxes]
+        for r in result.sandboxes] + [
+        {"job_id": r.job_id, "why": r.why, "action": "JobFinished"} for r in result.jobs]

@@ -1,6 +1,8 @@
 """Jobs on the Firestore emulator: ``jobs/{id}`` and the team's usage change in ONE
-transaction; the quota refuses a job over the team's allowance; a job's end gives its
-chips back exactly once, and a redelivered event has one effect."""
+transaction; the quota refuses a job over the team's allowance and this node's hardware a
+local job it cannot run; a job's end gives its chips back exactly once, and a redelivered
+event has one effect; the reconciler ends a local job whose workspace was paused
+(``runtime_lost``), and the kernel's late report of the same job changes nothing."""
 
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def test_admission_release_and_refusal_in_one_transaction(env: Any) -> None:
     d = handler.handle(submitted("job-b"), env.deps, "on_job_submitted")
     assert d is not None and not d.accepted
     doc = job(env, "job-b")
-    assert doc["state"] == "REFUSED" and "8/8 TPU chips" in doc["message"]
+    assert doc["state"] == "REFUSED"
+    assert "job-b (1 x tpu-v5e-8) needs 8 TPU chips but team ml-a uses 8/8" in doc["message"]
     assert usage(env)["tpus"] == 8
 
     # a redelivered submission has one effect (the ledger)
@@ -156,3 +159,75 @@ def test_the_notebook_api_is_admitted_refused_and_releases(env: Any) -> None:
     # the end is reported before result() returns
     assert job(env, "job-sq")["state"] == "SUCCEEDED"
     assert usage(env)["tpus"] == 0
+
+
+def test_a_local_job_this_node_cannot_run_is_refused_before_the_quota(env: Any) -> None:
+    """The runtime's capabilities (here the null runtime's, told this node has GPUs and no
+    TPU) decide, as for a workspace; nothing is charged."""
+    from functions.adapters.null_runtime import KNOWN_ACCELERATORS, NullRuntime
+
+    node = {kind: 0 for kind in KNOWN_ACCELERATORS} | {"nvidia-l4": 2}
+    deps = SimpleNamespace(jobs=env.deps.jobs, catalog=lambda: CATALOG, clock=lambda: NOW,
+                           runtime=NullRuntime(bus=None, accelerators=node))  # type: ignore[arg-type]
+    d = handler.handle(submitted("job-tpu"), deps, "on_job_submitted")
+    assert d is not None and not d.accepted and d.reason == "accelerator_unavailable"
+    doc = job(env, "job-tpu")
+    assert doc["state"] == "REFUSED" and doc["message"].startswith(
+        "job job-tpu (1 x tpu-v5e-8) needs 8 x tpu-v5-lite-podslice on this node, which has "
+        "no TPU")
+    d = handler.handle(submitted("job-3gpu", hosts=3, profile="gpu-small"), deps,
+                       "on_job_submitted")
+    assert d is not None and "which has 2 x nvidia-l4" in d.message
+    assert usage(env) == {"workspaces": 1, "gpus": 1, "tpus": 0, "snapshot_bytes": 0}
+    d = handler.handle(submitted("job-2gpu", hosts=2, profile="gpu-small"), deps,
+                       "on_job_submitted")
+    assert d is not None and d.accepted and usage(env)["gpus"] == 3
+
+
+def test_the_reconciler_gives_back_a_paused_workspace_jobs_chips_once(env: Any) -> None:
+    from datetime import timedelta
+
+    from functions.adapters.firestore_store import FirestoreStore, workspace_to_doc
+    from functions.adapters.null_runtime import NullRuntime
+    from functions.domain.lifecycle import State, Workspace
+    from functions.domain.reconcile import JOB_GRACE
+    from functions.handlers import reconciler
+
+    assert handler.handle(submitted("job-p"), env.deps, "on_job_submitted").accepted
+    assert usage(env)["tpus"] == 8
+    paused_at = NOW + timedelta(minutes=5)
+    env.db.collection("workspaces").document("ml-a--nb").set(workspace_to_doc(Workspace(
+        id="ml-a--nb", team="ml-a", owner="alice", name="nb", profile="tpu-v5e-8",
+        state=State.PAUSED, state_reason="paused", version=7, updated_at=paused_at)))
+
+    class Deliver:  # Pub/Sub's push, in-process: job.finished to its consumer
+        def __init__(self) -> None:
+            self.events: list[Any] = []
+
+        def publish(self, event: Any) -> str:
+            self.events.append(event)
+            handler.handle(event, env.deps, "on_job_finished")
+            return str(event.id)
+
+    bus = Deliver()
+
+    def reconcile(at: Any) -> Any:
+        deps = SimpleNamespace(store=FirestoreStore(env.db), bus=bus,
+                               runtime=NullRuntime(bus), jobs=env.deps.jobs,
+                               sandboxes=None, clock=lambda: at)
+        return reconciler.reconcile(deps)
+
+    assert not reconcile(paused_at + JOB_GRACE).jobs  # the kernel may still report it
+    assert job(env, "job-p")["state"] == "RUNNING"
+    later = paused_at + JOB_GRACE + timedelta(seconds=1)
+    assert [r.job_id for r in reconcile(later).jobs] == ["job-p"]
+    doc = job(env, "job-p")
+    assert doc["state"] == "FAILED" and "workspace ml-a--nb is PAUSED" in doc["message"]
+    assert usage(env)["tpus"] == 0
+    # a second run finds nothing RUNNING; the same event redelivered has one effect
+    assert not reconcile(later).jobs
+    assert handler.handle(bus.events[0], env.deps, "on_job_finished") is None
+    # the kernel's own report, late: the job already ended, nothing is released twice
+    d = handler.handle(finished("job-p"), env.deps, "on_job_finished")
+    assert d is not None and not d.accepted and d.reason == "not_running"
+    assert job(env, "job-p")["state"] == "FAILED" and usage(env)["tpus"] == 0

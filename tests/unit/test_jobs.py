@@ -1,6 +1,7 @@
 """Scale-out jobs, the pure part: state machine, demand = accelerators x hosts, admission
-against the team's quota, release on finish, and the JobSet builder validated against the
-JobSet CRD (transcribed) and the Kubernetes schemas (kubernetes-validate)."""
+against this node's hardware (local jobs) and the team's quota, with refusals that speak of
+the job, release on finish, and the JobSet builder validated against the JobSet CRD
+(transcribed) and the Kubernetes schemas (kubernetes-validate)."""
 
 from __future__ import annotations
 
@@ -41,16 +42,18 @@ V5E_4 = replace(TPU, id="tpu-v5e-4", accelerator=Accelerator("tpu-v5-lite-podsli
                 node_selector={})
 
 
-def request(profile: str = "tpu-v5e-8", hosts: int = 1, job_id: str = "job-1") -> Request:
-    return Request(job_id, "ml-a", "alice", profile, hosts)
+def request(profile: str = "tpu-v5e-8", hosts: int = 1, job_id: str = "job-1",
+            runtime: str = "local") -> Request:
+    return Request(job_id, "ml-a", "alice", profile, hosts, runtime=runtime)
 
 
-def run(req: Request, usage: Usage | None = None, team: str = "ml-a") -> Any:
+def run(req: Request, usage: Usage | None = None, team: str = "ml-a",
+        caps: dict[str, Any] | None = None) -> Any:
     usage = usage or Usage()
     t = CATALOG.teams[team]
     return submit(req, existing=None, profile=CATALOG.profiles.get(req.profile),
                   team_profiles=t.profiles, quotas=t.quotas, usage=usage, now=NOW,
-                  contact=t.who_to_ask)
+                  contact=t.who_to_ask, host_capabilities=caps)
 
 
 @pytest.mark.parametrize(("profile", "hosts", "demand"), [
@@ -85,13 +88,67 @@ def test_admitted_job_runs_and_adds_its_accelerators() -> None:
     assert d.usage == Usage(workspaces=2, gpus=1, tpus=8)  # no workspace slot taken
 
 
-def test_a_job_over_the_team_allowance_is_refused_with_what_to_do() -> None:
-    d = run(request(hosts=2))  # 16 chips > 8
+@pytest.mark.parametrize(("profile", "hosts", "used", "wording"), [
+    # more than the whole allowance: waiting would not help
+    ("tpu-v5e-8", 2, Usage(), "job job-1 (2 x tpu-v5e-8) needs 16 TPU chips, more than team "
+     "ml-a's allowance of 8: use at most 1 host, or ask alice, or #ml-a-infra on Slack for "
+     "more"),
+    ("gpu-small", 5, Usage(), "needs 5 GPUs, more than team ml-a's allowance of 4: use at "
+     "most 4 hosts"),
+    # within the allowance, but others hold it now
+    ("tpu-v5e-8", 1, Usage(tpus=4), "job job-1 (1 x tpu-v5e-8) needs 8 TPU chips but team "
+     "ml-a uses 4/8: wait for one of its jobs to end, or pause a workspace that holds some"),
+    ("gpu-small", 2, Usage(gpus=3), "needs 2 GPUs but team ml-a uses 3/4"),
+])
+def test_a_job_over_the_team_allowance_is_refused_with_what_to_do(
+        profile: str, hosts: int, used: Usage, wording: str) -> None:
+    d = run(request(profile, hosts), used)
     assert not d.accepted and d.job.state == JobState.REFUSED and d.usage is None
-    assert d.reason == str(RefusalReason.TPU_QUOTA_EXCEEDED)
-    assert "uses 0/8 TPU chips and this workspace needs 16" in d.message
-    d = run(request(), Usage(tpus=4))
-    assert not d.accepted and "4/8 TPU chips" in d.message
+    assert d.reason == str(RefusalReason.TPU_QUOTA_EXCEEDED if profile.startswith("tpu")
+                           else RefusalReason.GPU_QUOTA_EXCEEDED)
+    assert wording in d.message and "workspace needs" not in d.message
+
+
+NO_ACCELERATORS = {"runtime": "local", "cpus": 2, "accelerators": {}}
+ONE_L4 = {"runtime": "local", "cpus": 8, "accelerators": {"nvidia-l4": 1}}
+FOUR_L4 = {"runtime": "local", "cpus": 8, "accelerators": {"nvidia-l4": 4}}
+A_CLUSTER = {"runtime": "kubernetes", "ides": ["jupyterlab"]}  # reports no accelerators
+
+
+@pytest.mark.parametrize(("profile", "hosts", "runtime", "caps", "refusal"), [
+    ("tpu-v5e-8", 1, "local", NO_ACCELERATORS,
+     "job job-1 (1 x tpu-v5e-8) needs 8 x tpu-v5-lite-podslice on this node, which has no "
+     "TPU: submit it with a profile without TPUs here, or from a workspace on a cluster "
+     "that has tpu-v5-lite-podslice"),
+    ("gpu-small", 1, "local", NO_ACCELERATORS, "which has no GPU"),
+    # every local host runs on this node: 2 hosts of 1 GPU need 2 GPUs here
+    ("gpu-small", 2, "local", ONE_L4,
+     "needs 2 x nvidia-l4 (2 hosts x 1, all here) on this node, which has 1 x nvidia-l4"),
+    ("tpu-v5e-8", 1, "local", ONE_L4, "which has no TPU"),
+    ("gpu-small", 1, "local", ONE_L4, None),
+    ("gpu-small", 4, "local", FOUR_L4, None),
+    ("cpu-small", 4, "local", NO_ACCELERATORS, None),
+    # a cluster places hosts on its own nodes: nothing is checked
+    ("tpu-v5e-8", 1, "kubernetes", NO_ACCELERATORS, None),
+    ("tpu-v5e-8", 1, "local", A_CLUSTER, None),
+    ("tpu-v5e-8", 1, "local", None, None),
+])
+def test_a_local_job_needs_its_accelerators_on_this_node(
+        profile: str, hosts: int, runtime: str, caps: dict[str, Any] | None,
+        refusal: str | None) -> None:
+    d = run(request(profile, hosts, runtime=runtime), caps=caps)
+    if refusal is None:
+        assert d.accepted and d.job.state == JobState.RUNNING
+        return
+    assert not d.accepted and d.job.state == JobState.REFUSED and d.usage is None
+    assert d.reason == str(RefusalReason.ACCELERATOR_UNAVAILABLE)
+    assert refusal in d.message and "workspace needs" not in d.message
+
+
+def test_hardware_is_checked_before_the_quota() -> None:
+    # over the allowance AND impossible here: the node's answer, not "ask an admin"
+    d = run(request("tpu-v5e-8", 2), caps=NO_ACCELERATORS)
+    assert d.reason == str(RefusalReason.ACCELERATOR_UNAVAILABLE)
 
 
 def test_no_quota_at_all_and_profiles_the_team_may_not_use() -> None:
@@ -100,6 +157,7 @@ def test_no_quota_at_all_and_profiles_the_team_may_not_use() -> None:
                profile=TPU, team_profiles=None, quotas=t.quotas, usage=Usage(), now=NOW,
                contact=t.who_to_ask)
     assert not d.accepted and "no TPU quota" in d.message and "carol" in d.message
+    assert d.message.startswith("job job-2 (1 x tpu-v5e-8) refused: team ml-b has no TPU")
     d = run(Request("job-3", "ml-b", "carol", "tpu-v5e-8", 1), team="ml-b")
     assert d.reason == "profile_not_allowed"
     assert run(request(profile="nope")).reason == "unknown_profile"

@@ -15,8 +15,9 @@ from events.payloads import (
     WorkspaceDeleteRequested,
     WorkspaceRuntimeFailed,
 )
+from functions.domain.jobs import Job, JobState
 from functions.domain.lifecycle import State, Workspace
-from functions.domain.reconcile import RuntimeView, plan, sandbox_repairs
+from functions.domain.reconcile import JOB_GRACE, RuntimeView, lost_jobs, plan, sandbox_repairs
 from functions.domain.sandboxes import Limits, Sandbox, SandboxState
 from functions.handlers.deps import Deps
 from functions.handlers.reconciler import reconcile, summary
@@ -148,3 +149,101 @@ def test_the_reconciler_publishes_runtime_lost_once_per_version_and_dry_run_publ
                                 "action": "SandboxFinished"}]
     # Where sandboxes do not run, the reconciler does not ask.
     assert not reconcile(_reconciler_deps(None, bus), fix=False)
+
+
+# -- local jobs whose kernel went with their workspace's server ----------------------------------
+
+JOB_START = NOW - timedelta(hours=1)
+
+
+def local_job(job_id: str = "job-1", *, state: JobState = JobState.RUNNING,
+              runtime: str = "local", workspace_id: str | None = "ml-a--nb") -> Job:
+    return Job(id=job_id, team="ml-a", owner="alice", profile="tpu-v5e-8", hosts=2,
+               state=state, tpus=16, workspace_id=workspace_id, runtime=runtime,
+               submitted_at=JOB_START, started_at=JOB_START)
+
+
+def ws_at(state: State, reason: str, changed: timedelta) -> Workspace:
+    """The job's workspace, its latest transition ``changed`` before NOW."""
+    return ws(state, state_reason=reason, updated_at=NOW - changed)
+
+
+PAST = JOB_GRACE + timedelta(seconds=1)
+WITHIN = JOB_GRACE - timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(("job", "workspace", "lost"), [
+    # its server stopped: paused, failed, deleted, gone, or being replaced
+    (local_job(), ws_at(State.PAUSED, "paused", PAST), "is PAUSED"),
+    (local_job(), ws_at(State.FAILED, "runtime_failed", PAST), "is FAILED"),
+    (local_job(), ws_at(State.DELETED, "deleted", PAST), "is DELETED"),
+    (local_job(), None, "is gone"),
+    (local_job(), ws_at(State.RESUMING, "resume_started", PAST), "is RESUMING"),
+    # paused and resumed since the job started: a new server, a new kernel
+    (local_job(), ws_at(State.RUNNING, "resumed", PAST), "got a new server (resumed)"),
+    (local_job(), ws_at(State.RUNNING, "ready", PAST), "got a new server (ready)"),
+    # the kernel that ran it may still report its own end
+    (local_job(), ws_at(State.PAUSED, "paused", WITHIN), None),
+    # the server that ran it still runs
+    (local_job(), ws_at(State.RUNNING, "resumed", timedelta(hours=2)), None),
+    (local_job(), ws_at(State.RUNNING, "snapshot_failed", PAST), None),
+    # a failed snapshot leaves the kernel running; a delete ends DELETED or gone
+    (local_job(), ws_at(State.PAUSING, "pause_started", timedelta(hours=1)), None),
+    (local_job(), ws_at(State.DELETING, "delete_started", PAST), None),
+    # not held, not tied to a workspace's kernel
+    (local_job(state=JobState.SUCCEEDED), None, None),
+    (local_job(runtime="kubernetes"), None, None),
+    (local_job(workspace_id=None), None, None),
+])
+def test_a_local_job_whose_server_stopped_ends_runtime_lost(
+        job: Job, workspace: Workspace | None, lost: str | None) -> None:
+    repairs = lost_jobs([job], {"ml-a--nb": workspace}, NOW)
+    if lost is None:
+        assert repairs == []
+        return
+    [repair] = repairs
+    assert repair.job_id == job.id and lost in repair.why
+    assert repair.event.job_id == job.id and not repair.event.succeeded
+    assert repair.event.termination == "runtime_lost" and lost in (repair.event.error or "")
+    assert repair.event.duration_ms == 3_600_000
+    assert repair.event_id == "reconcile-job-1-lost"  # one effect however often it runs
+
+
+class _Jobs:
+    def __init__(self, *jobs: Job) -> None:
+        self.jobs = jobs
+        self.asked: list[Any] = []
+
+    def list(self, *, states: Any = None, limit: int = 500) -> list[Job]:
+        self.asked.append(states)
+        return [j for j in self.jobs if states is None or j.state in states]
+
+
+class _Workspaces(_NoWorkspaces):
+    def __init__(self, **docs: Workspace) -> None:
+        self.docs = docs
+
+    def get_workspace(self, workspace_id: str) -> Workspace | None:
+        return self.docs.get(workspace_id)
+
+
+def test_the_reconciler_ends_lost_jobs_once_and_dry_run_publishes_none() -> None:
+    lost = local_job("job-lost", workspace_id="ml-a--paused")
+    alive = local_job("job-alive", workspace_id="ml-a--nb")
+    done = local_job("job-done", state=JobState.SUCCEEDED, workspace_id="ml-a--paused")
+    store = _Workspaces(**{"ml-a--paused": ws_at(State.PAUSED, "paused", PAST),
+                           "ml-a--nb": ws_at(State.RUNNING, "ready", timedelta(hours=2))})
+    jobs, bus = _Jobs(lost, alive, done), _Recorder()
+
+    def deps() -> Deps:
+        return dataclasses.replace(_reconciler_deps(None, bus), store=store, jobs=jobs)
+
+    dry = reconcile(deps(), fix=False)
+    assert [r.job_id for r in dry.jobs] == ["job-lost"] and bus.events == []
+    assert jobs.asked == [(JobState.RUNNING,)]
+    result = reconcile(deps())
+    reconcile(deps())
+    assert [(e.name, e.id, e.payload.job_id, e.payload.termination) for e in bus.events] == [
+        ("job.finished", "reconcile-job-lost-lost", "job-lost", "runtime_lost")] * 2
+    assert summary(result)[-1] == {"job_id": "job-lost", "why": result.jobs[0].why,
+                                   "action": "JobFinished"}
