@@ -67,6 +67,17 @@ class ChatStore(FirestoreStore):
     def notified(self, key: str) -> bool:
         return self.db.collection(NOTIFIED).document(key).get().exists
 
+    def claim_notification(self, key: str, detail: Mapping[str, Any], now: datetime) -> bool:
+        try:
+            self.db.collection(NOTIFIED).document(key).create(
+                {**detail, "claimed_at": now, "expire_at": now + MARK_TTL})
+        except gexc.AlreadyExists:
+            return False
+        return True
+
+    def release_notification(self, key: str) -> None:
+        self.db.collection(NOTIFIED).document(key).delete()
+
     def mark_notified(self, key: str, detail: Mapping[str, Any], now: datetime) -> None:
         self.db.collection(NOTIFIED).document(key).set(
             {**detail, "sent_at": now, "expire_at": now + MARK_TTL})

@@ -19,12 +19,15 @@ Failures: Slack unreachable or rate limiting raises (Pub/Sub retries); Slack ref
 message for good (an unknown user, a revoked token) is a PermanentFailure, dead-lettered
 with Slack's reason.
 
-Sandboxes (:func:`handle_sandbox`, consumer of sandbox.finished): the same two ways and the
-same marks, once per sandbox (not per report: a late runtime report after the reconciler's
-``runtime_lost`` tells nobody twice). The target is the chat record of the request that
-asked for it (``sandboxes/{id}.requestid``), else the request's ``reply_to``. What it says
-is the ended record when the sandbox handler got there first, else what the handler's own
-pure ``finish`` makes of this report (the two consumers run in any order).
+Sandboxes (:func:`handle_sandbox`, consumer of sandbox.finished): the same two ways, once
+per sandbox (not per report: a late runtime report after the reconciler's ``runtime_lost``
+tells nobody twice). The mark is claimed before sending, since two reports may arrive at
+once, and released when the send fails; a crash between the claim and the send loses that
+one notification (``/ws sandbox list`` still shows the end). The target is the chat record
+of the request that asked for it (``sandboxes/{id}.requestid``), else the request's
+``reply_to``. What it says is the ended record when the sandbox handler got there first,
+else what the handler's own pure ``finish`` makes of this report (the two consumers run in
+any order).
 """
 
 from __future__ import annotations
@@ -66,14 +69,18 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     if chat.records.notified(key):
         return "duplicate"
     message = note.message(change, event.requestid)
-    return _tell(chat, target, record, event.requestid, message, key, {
-        "event_id": event.id, "requestid": event.requestid,
-        "workspace_id": change.workspace_id, "state": change.to_state})
+    via = _send(chat, target, record, event.requestid, message)
+    chat.records.mark_notified(key, {"event_id": event.id, "requestid": event.requestid,
+                                     "workspace_id": change.workspace_id,
+                                     "state": change.to_state, "via": via}, chat.clock())
+    log.info("told %s about %s %s via %s", target.user, change.workspace_id, change.to_state,
+             via)
+    return via
 
 
-def _tell(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | None,
-          requestid: str, message: dict[str, Any], key: str, detail: dict[str, Any]) -> str:
-    """Send once (marked under ``key``): the response_url while usable, else a DM."""
+def _send(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | None,
+          requestid: str, message: dict[str, Any]) -> str:
+    """The response_url while usable, else a DM; how it went."""
     now = chat.clock()
     via = None
     if target.response_url:
@@ -88,9 +95,6 @@ def _tell(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | 
             raise PermanentFailure(f"Slack refused the notification to {target.user}: "
                                    f"{exc}") from exc
         via = "chat.postMessage"
-    chat.records.mark_notified(key, {**detail, "via": via}, now)
-    log.info("told %s about %s via %s", target.user,
-             detail.get("workspace_id") or detail.get("sandbox_id"), via)
     return via
 
 
@@ -112,12 +116,22 @@ def handle_sandbox(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     if ended is None:
         return None
     key = hashlib.sha256(f"{consumer}|{report.sandbox_id}".encode()).hexdigest()
-    if chat.records.notified(key):
+    detail = {"event_id": event.id, "requestid": requestid, "sandbox_id": report.sandbox_id,
+              "state": ended.get("state")}
+    # Claimed before sending: two reports of one sandbox (the runtime's and the
+    # reconciler's, or one delivered twice) may arrive at once, and the user is told once.
+    if not chat.records.claim_notification(key, detail, chat.clock()):
         return "duplicate"
-    message = replies.sandbox_notification(ended, requestid)
-    return _tell(chat, target, record, requestid, message, key, {
-        "event_id": event.id, "requestid": requestid, "sandbox_id": report.sandbox_id,
-        "state": ended.get("state")})
+    try:
+        via = _send(chat, target, record, requestid,
+                    replies.sandbox_notification(ended, requestid))
+    except BaseException:
+        chat.records.release_notification(key)  # not sent: the retry may send it
+        raise
+    chat.records.mark_notified(key, {**detail, "via": via}, chat.clock())
+    log.info("told %s that sandbox %s ended %s via %s", target.user, report.sandbox_id,
+             ended.get("state"), via)
+    return via
 
 
 def _ended(doc: Mapping[str, Any], payload: SandboxFinished,

@@ -68,6 +68,14 @@ class ChatRecords(Protocol):
 
     def mark_notified(self, key: str, detail: Mapping[str, Any], now: datetime) -> None: ...
 
+    def claim_notification(self, key: str, detail: Mapping[str, Any], now: datetime) -> bool:
+        """Create the mark if there is none (atomically); False: someone has it."""
+        ...
+
+    def release_notification(self, key: str) -> None:
+        """Drop a claimed mark whose message could not be sent."""
+        ...
+
 
 class Notifier(Protocol):
     def respond(self, response_url: str, message: Mapping[str, Any]) -> bool:

@@ -371,3 +371,56 @@ def test_invalid_ws_sandbox_input_is_answered_with_the_usage_and_requests_nothin
     assert "memory takes a size like 2Gi" in text
     assert [e for e in plane.bus.events if e.name == "sandbox.requested"] == []
     assert json.loads(requests.get(f"{plane.sink}/messages", timeout=10).text)["messages"] == []
+
+
+# -- the reconciler frees the slot of a sandbox whose runtime went silent --------------------------
+
+class _NothingRuns:
+    def list(self) -> list[Any]:
+        return []
+
+
+def test_a_silent_running_sandbox_is_ended_runtime_lost_and_the_queue_moves_on(
+        plane: Plane, repo: Path) -> None:
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from functions.domain.sandboxes import Limits, Sandbox, SandboxState
+    from functions.handlers.reconciler import reconcile
+
+    # A sandbox the runtime lost two hours ago holds team ml-a's only slot; one waits.
+    now = datetime.now(UTC)
+    lost = Sandbox(id="sbx-lost", team="ml-a", requester="alice", repository=str(repo),
+                   command="true", base_ref="main", limits=Limits(60, 2**30, 60, 64),
+                   allowed_network=(), state=SandboxState.RUNNING, reason="admitted",
+                   requestid="slack-lost", requested_at=now - timedelta(hours=2),
+                   started_at=now - timedelta(hours=2), version=2,
+                   reply_to='slack:{"user":"U0ALICE"}')
+    waiting = replace(lost, id="sbx-waiting", state=SandboxState.QUEUED, reason="queued",
+                      requestid="cli-waiting", started_at=None, queue_position=1, version=1,
+                      reply_to=None, command="echo w > w.txt")
+    for sandbox in (lost, waiting):
+        plane.db.collection("sandboxes").document(sandbox.id).set(sandbox.to_doc())
+    plane.db.collection("sandbox_queues").document("ml-a").set(
+        {"running": ["sbx-lost"], "queued": ["sbx-waiting"]})
+    deps = replace(plane.deps, runtime=_NothingRuns())
+
+    planned = reconcile(deps, fix=False)
+    assert [r.sandbox_id for r in planned.sandboxes] == ["sbx-lost"]
+    reconcile(deps)
+    reconcile(deps)  # a second run before the first landed: the same event id, one effect
+    ended = plane.wait("sbx-lost", timeout=30)
+    assert (ended["state"], ended["reason"], ended["termination"]) == (
+        "FAILED", "runtime_lost", "runtime_lost")
+    assert "past its wall clock of 60s" in ended["error"] and ended["version"] == 3
+    promoted = plane.wait("sbx-waiting")
+    assert (promoted["state"], promoted["files_changed"]) == ("SUCCEEDED", ["w.txt"])
+    # The requester of the lost one was told (a DM: there was no chat record any more).
+    deadline = time.monotonic() + 20
+    while "chat.postMessage" not in plane.bus.notified and time.monotonic() < deadline:
+        time.sleep(0.1)
+    messages = requests.get(f"{plane.sink}/messages", timeout=10).json()["messages"]
+    assert [m["text"] for m in messages if "sbx-lost" in m["text"]] == [
+        m["text"] for m in messages][:1]
+    assert "ended *FAILED*: lost: the runtime stopped reporting" in messages[0]["text"]
+    assert plane.bus.notified.count("chat.postMessage") == 1

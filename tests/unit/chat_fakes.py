@@ -71,6 +71,15 @@ class FakeStore:
     def notified(self, key: str) -> bool:
         return key in self.marks
 
+    def claim_notification(self, key: str, detail: Mapping[str, Any], now: datetime) -> bool:
+        if key in self.marks:
+            return False
+        self.marks[key] = dict(detail)
+        return True
+
+    def release_notification(self, key: str) -> None:
+        self.marks.pop(key, None)
+
     def mark_notified(self, key: str, detail: Mapping[str, Any], now: datetime) -> None:
         self.marks[key] = dict(detail)
 

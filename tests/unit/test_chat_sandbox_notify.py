@@ -122,3 +122,16 @@ def test_slack_refusing_for_good_is_a_permanent_failure() -> None:
                     notifier=FakeNotifier(refuse="user_not_found"))
     with pytest.raises(PermanentFailure, match="user_not_found"):
         notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
+
+
+def test_a_send_that_fails_releases_its_claim_so_the_retry_tells() -> None:
+    class Flaky(FakeNotifier):
+        def post(self, channel: str, message: Any) -> None:
+            raise ConnectionError("slack unreachable")
+
+    deps, chat = _deps(_doc("RUNNING", reply_to=ReplyTarget("U0ALICE").encode()), record=False,
+                       notifier=Flaky())
+    with pytest.raises(ConnectionError):
+        notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
+    chat.notifier = FakeNotifier()
+    assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "chat.postMessage"  # type: ignore[arg-type]
