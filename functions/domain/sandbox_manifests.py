@@ -483,6 +483,15 @@ def pod_outcome(pod: Mapping[str, Any], exit_status: str | None) -> PodOutcome |
         return PodOutcome(T.MEMORY_LIMIT_EXCEEDED, _int_or_none(task.get("exitCode")),
                           f"the task used more memory than its limit ({memory}) and was "
                           "killed")
+    if task is not None and task.get("exitCode") not in (0, None):
+        # The task script ends with 0 once it wrote the exit status: anything else means
+        # it never did, and the collector would wait for it until the deadline.
+        code, reason = _int_or_none(task.get("exitCode")), task.get("reason") or "Error"
+        if reason in ("StartError", "ContainerCannotRun") or code in (126, 127):
+            return PodOutcome(T.FAILED_TO_START, error=(
+                f"the task container could not run its command ({reason}, exit {code})"))
+        return PodOutcome(T.KILLED, code, (f"the task container was stopped ({reason}, exit "
+                                           f"{code}) before it wrote an exit status"))
     if not pod_ended(pod):
         return None
     if exit_status is not None:
@@ -498,10 +507,6 @@ def pod_outcome(pod: Mapping[str, Any], exit_status: str | None) -> PodOutcome |
         return PodOutcome(T.FAILED_TO_START, error=(
             f"the checkout failed (exit {checkout.get('exitCode')}"
             f"{', ' + str(checkout['reason']) if checkout.get('reason') else ''})"))
-    if task is not None and task.get("exitCode") not in (0, None):
-        return PodOutcome(T.FAILED_TO_START, error=(
-            f"the task container failed (exit {task.get('exitCode')}"
-            f"{', ' + str(task['reason']) if task.get('reason') else ''})"))
     return PodOutcome(T.RUNTIME_LOST, error=(
         f"the pod ended (phase {status.get('phase')}) without an exit status from the "
         "collector"))

@@ -56,7 +56,12 @@ OUTCOMES: list[tuple[str, dict[str, Any], str | None, sm.PodOutcome | None]] = [
      None, sm.PodOutcome("failed_to_start", None, "the checkout failed (exit 22, Error)")),
     ("task could not run", {"phase": "Failed", "containerStatuses": [term("task", 127, "Error"),
                                                                      term("collector", 0)]},
-     None, sm.PodOutcome("failed_to_start", None, "the task container failed (exit 127, Error)")),
+     None, sm.PodOutcome("failed_to_start", None,
+                         "the task container could not run its command (Error, exit 127)")),
+    ("task stopped while the collector waits", {"phase": "Running", "containerStatuses": [
+        term("task", 143, "Error"), {"name": "collector", "state": {"running": {}}}]}, None,
+     sm.PodOutcome("killed", 143, "the task container was stopped (Error, exit 143) before it "
+                                  "wrote an exit status")),
     ("collector failed", {"phase": "Failed", "containerStatuses": [term("task", 0),
                                                                    term("collector", 22)]},
      None, sm.PodOutcome("runtime_lost", None, "the pod ended (phase Failed) without an exit "
