@@ -1,9 +1,14 @@
-"""`stasis sandbox run|list|show|apply|cancel`: background tasks that return patches.
+"""`stasis sandbox run|list|show|apply|cancel|resume`: background tasks that return patches.
 
 `run` publishes sandbox.requested (as chat or an agent would) and, with `--wait`, follows
 the sandbox through the queue to its end. `show` prints the patch on stdout (the summary
 goes to stderr, so `stasis sandbox show ID > fix.patch` works), `apply` applies it to a
 checkout with `git apply` after checking it applies: patches are never applied on their own.
+
+A sandbox idle past its ``idle_seconds`` is SUSPENDED: `list` shows for how long, `show`
+prints its checkpoint patch (the work so far), and `resume` publishes
+sandbox.resume_requested; it runs again when one of the team's slots is free. `--wait`
+stops at a suspension too (exit status 3): nothing happens to it until someone resumes it.
 
 Registered by one import at the end of ``stack/cli.py``.
 """
@@ -27,6 +32,7 @@ from stack.cli import _as, _bus, _echo_json, _env, _json, _settings, _team_of, _
 from stack.settings import Settings
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED"}
+SUSPENDED_EXIT = 3
 
 
 def new_sandbox_id(now: datetime | None = None) -> str:
@@ -81,6 +87,9 @@ def sandbox() -> None:
 @click.option("--timeout", "wall_clock", type=int, default=None,
               help="Wall clock seconds. Default: the team's policy.")
 @click.option("--processes", type=int, default=None, help="Default: the team's policy.")
+@click.option("--idle-seconds", "idle", type=int, default=None,
+              help="Suspend the task after this long without progress (0: never, if the "
+                   "policy permits). Default: the team's policy.")
 @click.option("--team", default=None, help="Team (default: your first team).")
 @click.option("--id", "sandbox_id", default=None, help="Sandbox id (default: a new one).")
 @_as
@@ -89,9 +98,13 @@ def sandbox() -> None:
 @_json
 def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str, ...],
                 cpu_seconds: int | None, memory: str | None, wall_clock: int | None,
-                processes: int | None, team: str | None, sandbox_id: str | None,
-                as_user: str | None, wait: bool, wait_timeout: float, as_json: bool) -> None:
-    """Run COMMAND on a working copy of REPO at BASE; the result is a patch."""
+                processes: int | None, idle: int | None, team: str | None,
+                sandbox_id: str | None, as_user: str | None, wait: bool, wait_timeout: float,
+                as_json: bool) -> None:
+    """Run COMMAND on a working copy of REPO at BASE; the result is a patch.
+
+    With --wait the exit status is 0 when it succeeded, 3 when it was suspended (idle;
+    `stasis sandbox resume ID`), 1 otherwise."""
     from events import InvalidEvent, SandboxRequested, new_event
 
     settings = _settings()
@@ -105,7 +118,7 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
         repository = str(path)
     limits: dict[str, Any] = {k: v for k, v in (
         ("cpu_seconds", cpu_seconds), ("memory", memory), ("wall_clock_seconds", wall_clock),
-        ("processes", processes)) if v is not None}
+        ("processes", processes), ("idle_seconds", idle)) if v is not None}
     payload = SandboxRequested(
         sandbox_id=sandbox_id or new_sandbox_id(), team=team, requester=user,
         repository=repository, command=command, base_ref=base_ref, limits=limits,
@@ -125,26 +138,39 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
                  progress=None if as_json else click.echo)
     if as_json:
         _echo_json(_jsonable(doc))
-    sys.exit(0 if doc.get("state") == "SUCCEEDED" else 1)
+    sys.exit(_exit_status(doc))
 
 
-def follow(sandbox_id: str, *, timeout: float, progress: Any = None) -> dict[str, Any]:
-    """Wait for the sandbox to end; report each state and queue position on the way."""
+def _exit_status(doc: dict[str, Any]) -> int:
+    if doc.get("state") == "SUCCEEDED":
+        return 0
+    return SUSPENDED_EXIT if doc.get("state") == "SUSPENDED" else 1
+
+
+def _held(doc: dict[str, Any]) -> bool:
+    """Suspended with no resume on its way: nothing happens until someone resumes it."""
+    return doc.get("state") == "SUSPENDED" and not doc.get("queue_position")
+
+
+def follow(sandbox_id: str, *, timeout: float, progress: Any = None,
+           after_version: int = 0) -> dict[str, Any]:
+    """Wait for the sandbox to end or be suspended (a version above ``after_version``);
+    report each state and queue position on the way."""
     say = progress or (lambda _m: None)
     deadline = time.monotonic() + timeout
     seen: tuple[Any, ...] | None = None
     started = time.monotonic()
     while time.monotonic() < deadline:
         doc = _doc(sandbox_id)
-        if doc is None:
+        if doc is None or int(doc.get("version") or 0) <= after_version:
             time.sleep(0.2)
             continue
-        key = (doc.get("state"), doc.get("queue_position"))
+        key = (doc.get("state"), doc.get("queue_position"), doc.get("suspensions"))
         if key != seen:
             say(f"{sandbox_id}: {doc.get('state')} ({time.monotonic() - started:.1f}s) — "
                 f"{doc.get('message')}")
             seen = key
-        if doc.get("state") in TERMINAL:
+        if doc.get("state") in TERMINAL or _held(doc):
             return doc
         time.sleep(0.2)
     raise click.ClickException(f"timed out after {timeout:g}s waiting for {sandbox_id}")
@@ -174,9 +200,21 @@ def sandbox_list(team: str | None, all_: bool, as_json: bool) -> None:
         click.echo("no sandboxes")
     for r in rows:
         where = f"#{r['queue_position']}" if r.get("queue_position") else ""
+        reason = str(r.get("reason"))
+        if r.get("state") == "SUSPENDED":
+            reason += f", idle for {_ago(r.get('suspended_at'))}"
         click.echo(f"{r['id']:<32} {r['team']:<8} {r['state']:<10} {where:<4} "
                    f"{r['requester']:<8} {len(r.get('files_changed') or []):>3} files  "
-                   f"{r.get('reason')}")
+                   f"{reason}")
+
+
+def _ago(when: Any) -> str:
+    if not isinstance(when, datetime):
+        return "?"
+    seconds = max(0, int((datetime.now(UTC) - when).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    return f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
 
 
 def _recent(when: Any, hours: float = 24.0) -> bool:
@@ -199,10 +237,18 @@ def sandbox_show(sandbox_id: str, show_log: bool, as_json: bool) -> None:
         return
     for key in ("state", "reason", "message", "requester", "repository", "base_ref",
                 "base_sha", "command", "exit_status", "termination", "network",
-                "duration_ms", "cpu_seconds", "peak_memory_bytes", "patch_uri", "log_uri"):
-        if doc.get(key) not in (None, ""):
+                "duration_ms", "cpu_seconds", "peak_memory_bytes", "patch_uri", "log_uri",
+                "suspensions", "checkpoint_uri"):
+        if doc.get(key) not in (None, "", 0):
             click.echo(f"{key:<17} {doc[key]}", err=True)
+    if doc.get("state") == "SUSPENDED":
+        click.echo(f"{'suspended for':<17} {_ago(doc.get('suspended_at'))}", err=True)
     uri = doc.get("log_uri") if show_log else doc.get("patch_uri")
+    if doc.get("state") == "SUSPENDED" and not show_log and doc.get("checkpoint_uri"):
+        click.echo("(suspended: the checkpoint patch, its work so far)", err=True)
+        sys.stdout.buffer.write(_read_uri(doc["checkpoint_uri"]))
+        sys.stdout.flush()
+        return
     if doc.get("state") not in TERMINAL:
         click.echo("(not finished yet)", err=True)
         return
@@ -270,6 +316,62 @@ def sandbox_cancel(sandbox_id: str) -> None:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{sandbox_id}: " + ("cancelling" if answer.get("cancelled")
                                     else f"not running ({answer.get('state')})"))
+
+
+@sandbox.command("resume")
+@click.argument("sandbox_id")
+@_as
+@click.option("--wait", is_flag=True, help="Follow the sandbox to its end (or next suspension).")
+@click.option("--wait-timeout", type=float, default=3600.0, show_default=True)
+@_json
+def sandbox_resume(sandbox_id: str, as_user: str | None, wait: bool, wait_timeout: float,
+                   as_json: bool) -> None:
+    """Resume a suspended SANDBOX_ID; it waits in the team's queue when no slot is free."""
+    from events import SandboxResumeRequested, new_event
+
+    settings = _settings()
+    _env(settings)
+    doc = _doc(sandbox_id)
+    if doc is None:
+        raise click.ClickException(f"no sandbox {sandbox_id}")
+    if doc.get("state") != "SUSPENDED":
+        raise click.ClickException(f"sandbox {sandbox_id} is {doc.get('state')}, not "
+                                   "suspended: nothing to resume")
+    event = new_event(SandboxResumeRequested(sandbox_id=sandbox_id, requester=_user(as_user)),
+                      source="//stasis/cli", requestid=uuid.uuid4().hex)
+    _bus(settings).publish(event)
+    if not wait:
+        out = {"sandbox_id": sandbox_id, "requestid": event.requestid}
+        click.echo(json.dumps(out) if as_json else
+                   f"asked to resume {sandbox_id} (request {event.requestid}); follow with "
+                   f"`stasis sandbox show {sandbox_id}`")
+        return
+    _refused(event.requestid, sandbox_id, int(doc.get("version") or 0), timeout=wait_timeout)
+    doc = follow(sandbox_id, timeout=wait_timeout, progress=None if as_json else click.echo,
+                 after_version=int(doc.get("version") or 0))
+    if as_json:
+        _echo_json(_jsonable(doc))
+    sys.exit(_exit_status(doc))
+
+
+def _refused(requestid: str, sandbox_id: str, version: int, *, timeout: float) -> None:
+    """Wait until the request was decided: a refusal (not a member, say) changes no
+    record, only the audit says it; raise with its message then."""
+    from google.cloud import firestore
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = _doc(sandbox_id) or {}
+        if int(doc.get("version") or 0) > version:
+            return
+        query = _db().collection("audit").where(
+            filter=firestore.FieldFilter("requestid", "==", requestid))
+        for entry in (e.to_dict() for e in query.limit(1).stream()):
+            if str(entry.get("outcome", "")).startswith("refused"):
+                raise click.ClickException(f"{sandbox_id}: {entry.get('message')}")
+            return
+        time.sleep(0.2)
+    raise click.ClickException(f"timed out after {timeout:g}s waiting for {sandbox_id}")
 
 
 def _git(checkout: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

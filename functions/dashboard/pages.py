@@ -15,7 +15,7 @@ snapshots  3T aggregations, T oldest-snapshot queries (1 doc each), two pages of
 cost       the T rollups ``costs/{team}`` (one batched read; the cost sweep writes them)
 latency    P queries of at most 500 workspaces each, projected to the timings
 links      4T counts, one page of N links
-sandboxes  6 counts (one per state), one page of N sandboxes
+sandboxes  7 counts (one per state), one page of N sandboxes
 audit      one page of N audit entries
 ========== ===================================================================
 """
@@ -470,7 +470,8 @@ def _link_row(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-SANDBOX_STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED")
+SANDBOX_STATES = ("QUEUED", "RUNNING", "SUSPENDED", "SUCCEEDED", "FAILED", "TIMED_OUT",
+                  "KILLED")
 
 
 def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
@@ -505,7 +506,9 @@ def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
             "limits": (f"{limits.get('cpu_seconds', '?')} CPU s, "
                        f"{stats.size(limits.get('memory_bytes'))}, "
                        f"{limits.get('wall_clock_seconds', '?')} s" if limits else ""),
-            "message": d.get("message") or d.get("error") or ""})
+            "message": d.get("message") or d.get("error") or "",
+            "suspended": (stats.ago(d.get("suspended_at"), ctx.now)
+                          if d.get("state") == "SUSPENDED" else "")})
     return {"title": "Sandboxes", "team": team, "state": state, "team_ids": ctx.team_ids,
             "states": SANDBOX_STATES, "counts": counts,
             "total": sum(int(c["count"]) for c in counts), "rows": rows,

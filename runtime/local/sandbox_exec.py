@@ -2,7 +2,7 @@
 
     python -I runtime/local/sandbox_exec.py [--net isolated|host] [--uid N --gid N]
         [--cpu-seconds N] [--memory-bytes N] [--processes N] [--file-bytes N]
-        [--cwd DIR] -- ARGV...
+        [--cwd DIR] [--cgroup DIR] -- ARGV...
     python -I runtime/local/sandbox_exec.py --probe --port P [--uid N --gid N]
 
 Run by path with ``-I`` (isolated mode: no PYTHON* variables, no user site, no package
@@ -14,6 +14,9 @@ deadlock); here every step runs in a fresh single-threaded interpreter that then
 In order, each step fatal when it fails (exit status 125 and the reason on stderr: a
 sandbox is never run with less isolation than its runner asked for):
 
+0. ``--cgroup DIR``: join that cgroup (v1 freezer) before anything else, so the task and
+   everything it starts can be frozen as one when it idles (``sandbox_task``); joining
+   needs the privileges that are dropped in step 3.
 1. ``--net isolated``: a new network namespace whose only interface is loopback, brought
    up; the host's loopback (the emulators, the node agent) and every other network are out
    of reach. As root this is ``unshare(CLONE_NEWNET | CLONE_NEWIPC)``; as another user it
@@ -125,6 +128,14 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise SetupError(f"still uid {os.geteuid()} after dropping to {uid}")
 
 
+def join_cgroup(directory: str) -> None:
+    try:
+        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as exc:
+        raise SetupError(f"joining cgroup {directory}: {exc}") from exc
+
+
 def no_new_privileges() -> None:
     _check(_libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
@@ -180,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--file-bytes", type=int, default=None)
     parser.add_argument("--cwd", default=None)
+    parser.add_argument("--cgroup", default=None)
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -193,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command to run after --")
     try:
+        if args.cgroup:
+            join_cgroup(args.cgroup)
         if args.net == "isolated":
             isolate_network()
         apply_limits(cpu_seconds=args.cpu_seconds, memory_bytes=args.memory_bytes,

@@ -14,6 +14,9 @@ monitor writes; the task cannot touch any of it:
     log.txt       a header, the task's stdout and stderr, a footer saying how it ended
     patch.diff    ``git add -A`` then ``git diff --binary <base sha>`` of the working copy
     result.json   the sandbox.finished payload
+    suspended.json  the latest idle suspension: its sandbox.suspended payload and whether
+                  it is held now (the agent publishes it, and signals a resume)
+    checkpoint-N.diff  the diff at the N-th suspension
     work/ home/ tmp/   the working copy, $HOME and $TMPDIR, owned by the sandbox's user
 
 Steps:
@@ -32,12 +35,25 @@ Steps:
    task may have rewritten the repository's config and hooks, so nothing of the working
    copy ever runs with the agent's privileges).
 4. **Upload** patch, log and result to ``gs://BUCKET/PREFIX/`` and delete the working copy.
+
+**Idle**: with ``limits.idle_seconds`` (0: never), a task whose processes use no CPU time,
+read or write nothing and start or end no process for that long is suspended. CRIU does
+not work on every kernel (not on the one this was built on: "vdso: Unexpected rt vDSO
+area bounds"), so nothing is written to storage but the diff: the process tree is
+*frozen* (a cgroup v1 freezer cgroup of its own when the monitor can make one, else
+SIGSTOP to every process), which releases its CPU, while its memory STAYS RESIDENT. The
+diff so far is uploaded as ``checkpoint-N.diff`` (taken with an index file of its own, so
+the task's index is untouched), ``suspended.json`` is written for the agent to publish,
+and the monitor waits for SIGUSR1 (resume) or SIGTERM (cancel: thawed, then killed as
+usual). Suspended time counts neither against the wall clock nor, the checkpoint's git
+included, against the CPU time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import resource
@@ -55,6 +71,8 @@ from typing import Any
 import psutil
 
 EXEC_PATH = Path(__file__).resolve().with_name("sandbox_exec.py")
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
+CHECKPOINT_TIMEOUT = 120.0
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 SETUP_FAILED_EXIT = 125
@@ -105,12 +123,14 @@ def scrubbed_env(*, sandbox_id: str, home: str, tmp: str, path: str,
 
 def exec_argv(spec: Mapping[str, Any], argv: Sequence[str], *, cwd: str,
               cpu_seconds: int, memory_bytes: int, file_bytes: int,
-              net: str | None = None) -> list[str]:
+              net: str | None = None, cgroup: Path | None = None) -> list[str]:
     """The trampoline's command line for ``argv`` under the sandbox's isolation."""
     out = [str(spec.get("python") or sys.executable), "-I", str(EXEC_PATH),
            "--net", net or spec["net"], "--cwd", cwd,
            "--cpu-seconds", str(cpu_seconds), "--memory-bytes", str(memory_bytes),
            "--file-bytes", str(file_bytes)]
+    if cgroup is not None:
+        out += ["--cgroup", str(cgroup)]
     if spec.get("uid") is not None:
         out += ["--uid", str(spec["uid"]), "--gid", str(spec["gid"]),
                 "--processes", str(spec["limits"]["processes"])]
@@ -125,7 +145,9 @@ class Watch:
     stopped: str | None = None  # termination decided by the watchdog
     peak_memory_bytes: int = 0
     cpu_seconds: float = 0.0
-    seconds: float = 0.0
+    seconds: float = 0.0  # run time, suspended time not counted
+    suspended_seconds: float = 0.0
+    suspensions: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -177,6 +199,96 @@ def classify(watch: Watch, limits: Mapping[str, int], log_tail: bytes) -> tuple[
     return "exited", f"the task exited with status {code}"
 
 
+class Hold:
+    """How an idle task is held: a freezer cgroup of its own when the monitor can make one
+    (the task joins it through the trampoline, and whatever it starts is born inside), else
+    SIGSTOP to each of its processes (repeated until no new one appears). Either way its
+    memory stays where it is."""
+
+    def __init__(self, cgroup: Path | None) -> None:
+        self.cgroup = cgroup
+        self.stopped: list[psutil.Process] = []
+        self.detail = ""
+
+    @classmethod
+    def create(cls, directory: Path, sandbox_id: str, root: Path = FREEZER_ROOT) -> Hold:
+        # The directory's hash keeps two agents' sandboxes of the same id apart.
+        digest = hashlib.sha256(str(directory).encode()).hexdigest()[:8]
+        cgroup = root / "stasis" / f"{sandbox_id}-{digest}"
+        try:
+            cgroup.mkdir(parents=True, exist_ok=True)
+            (cgroup / "freezer.state").read_text()
+        except OSError:
+            return cls(None)
+        return cls(cgroup)
+
+    def freeze(self, procs: Sequence[psutil.Process]) -> str:
+        """Hold every process of the task; says how."""
+        outside = list(procs)
+        if self.cgroup is not None:
+            try:
+                (self.cgroup / "freezer.state").write_text("FROZEN")
+                deadline = time.monotonic() + 10
+                while (self.cgroup / "freezer.state").read_text().strip() != "FROZEN" and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.01)
+                members = {int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()}
+                outside = [p for p in procs if p.pid not in members]
+                self.detail = "cgroup v1 freezer"
+            except (OSError, ValueError) as exc:
+                self.detail = f"SIGSTOP (the freezer failed: {exc})"
+        else:
+            self.detail = "SIGSTOP to every process (no freezer cgroup here)"
+        for _ in range(5):
+            fresh = [p for p in outside if p not in self.stopped]
+            if not fresh:
+                break
+            for proc in fresh:
+                with contextlib.suppress(psutil.Error):
+                    proc.suspend()
+                    self.stopped.append(proc)
+            # A process may have forked between the listing and its stop.
+            outside = [c for p in fresh for c in _children(p) if c not in self.stopped]
+        return self.detail
+
+    def thaw(self) -> None:
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                (self.cgroup / "freezer.state").write_text("THAWED")
+        for proc in self.stopped:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+        self.stopped = []
+
+    def frozen(self) -> bool:
+        """Whether the task is held now (tests and status)."""
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                return (self.cgroup / "freezer.state").read_text().strip() == "FROZEN"
+        return bool(self.stopped)
+
+    def remove(self) -> None:
+        """Thaw and remove the cgroup (empty once the task's processes are gone)."""
+        self.thaw()
+        if self.cgroup is None:
+            return
+        for _ in range(50):
+            try:
+                self.cgroup.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
 def _line_with(text: bytes, needle: bytes) -> str:
     for line in text.splitlines():
         if needle in line:
@@ -195,15 +307,20 @@ class Monitor:
         self.log_path = directory / "log.txt"
         self.patch_path = directory / "patch.diff"
         self.cancelled = False
+        self.resume_asked = False
         self.collected = False
         self._current: tuple[subprocess.Popen[bytes], Watch] | None = None
         self._uid: int | None = spec.get("uid")
+        self.idle_seconds = int(self.limits.get("idle_seconds") or 0)
+        self.hold: Hold | None = None
+        self._base_sha: str | None = None
 
     # -- the whole run ---------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         began = time.monotonic()
         signal.signal(signal.SIGTERM, self._cancel)
+        signal.signal(signal.SIGUSR1, self._resume)
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # Not dumpable: /proc/<monitor>/environ (the agent's credentials) is then closed to
         # a task running as the same user (an agent that is not root).
@@ -222,7 +339,7 @@ class Monitor:
                 self._say(log, f"could not start: {exc}")
                 result.update(termination="failed_to_start", error=str(exc))
             else:
-                result["base_sha"] = base_sha
+                result["base_sha"] = self._base_sha = base_sha
                 watch = self.execute(log)
                 termination, error = classify(watch, self.limits, _tail(self.log_path))
                 result.update(termination=termination, error=error,
@@ -230,8 +347,10 @@ class Monitor:
                               cpu_seconds=round(watch.cpu_seconds, 3),
                               peak_memory_bytes=watch.peak_memory_bytes,
                               succeeded=termination == "exited" and watch.exit_status == 0)
+                held = (f" (and {watch.suspended_seconds:.1f} s suspended, "
+                        f"{watch.suspensions} times)" if watch.suspensions else "")
                 self._say(log, f"{termination}: {error or 'exit status 0'} after "
-                               f"{watch.seconds:.1f} s")
+                               f"{watch.seconds:.1f} s{held}")
                 try:
                     files = self.collect(base_sha)
                     result.update(patch_bytes=self.patch_path.stat().st_size,
@@ -251,6 +370,9 @@ class Monitor:
 
     def _cancel(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
+
+    def _resume(self, _signum: int, _frame: object) -> None:
+        self.resume_asked = True
 
     @staticmethod
     def _say(log: Any, line: str) -> None:
@@ -322,17 +444,27 @@ class Monitor:
                             tmp=str(self.tmp), path=str(self.spec["path"]), host=os.environ)
 
     def execute(self, log: Any) -> Watch:
+        if self.idle_seconds:
+            self.hold = Hold.create(self.dir, str(self.spec["sandbox_id"]))
         argv = exec_argv(self.spec, ["/bin/sh", "-c", str(self.spec["command"])],
                          cwd=str(self.work), cpu_seconds=self.limits["cpu_seconds"],
-                         memory_bytes=self.limits["memory_bytes"], file_bytes=FILE_BYTES)
-        return self._watched(argv, stdout=log, wall=self.limits["wall_clock_seconds"])
+                         memory_bytes=self.limits["memory_bytes"], file_bytes=FILE_BYTES,
+                         cgroup=self.hold.cgroup if self.hold else None)
+        try:
+            return self._watched(argv, stdout=log, wall=self.limits["wall_clock_seconds"],
+                                 idle=self.idle_seconds)
+        finally:
+            if self.hold is not None:
+                self.hold.remove()
 
-    def _watched(self, argv: list[str], *, stdout: Any, wall: float) -> Watch:
+    def _watched(self, argv: list[str], *, stdout: Any, wall: float, idle: int = 0) -> Watch:
         """Run argv, watching the whole tree until the direct child and every other
-        process of the sandbox are gone."""
+        process of the sandbox are gone; with ``idle``, suspend it when it makes no
+        progress for that many seconds (suspended time is not run time)."""
         watch = Watch()
         baseline = _children_cpu()
         began = time.monotonic()
+        progress_at, mark = began, None
         try:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout,
                                      stderr=subprocess.STDOUT if stdout is not None else None,
@@ -345,7 +477,7 @@ class Monitor:
             self._reap()
             if watch.status is not None:
                 break
-            elapsed = time.monotonic() - began
+            elapsed = time.monotonic() - began - watch.suspended_seconds
             procs = self._processes()
             rss, cpu = _usage(procs)
             watch.cpu_seconds = max(watch.cpu_seconds, cpu + _children_cpu() - baseline)
@@ -365,14 +497,122 @@ class Monitor:
                 if elapsed > wall + 30:
                     break  # nothing may keep a monitor (and its uid) busy for ever
                 continue
+            if idle and procs:
+                now = time.monotonic()
+                seen = (round(watch.cpu_seconds, 2), _io_chars(procs),
+                        frozenset(p.pid for p in procs))
+                if seen != mark:
+                    progress_at, mark = now, seen
+                elif now - progress_at >= idle:
+                    held, cost = self._suspend(watch, procs, stdout, idle_for=now - progress_at,
+                                               elapsed=elapsed)
+                    watch.suspended_seconds += held
+                    baseline += cost  # the checkpoint's git is not the task's CPU time
+                    progress_at, mark = time.monotonic(), None
+                    continue
             time.sleep(SAMPLE_SECONDS)
         # The task's own leftovers (a daemon it started) end with it.
         self._kill_all()
         self._reap()
         self._current = None
         watch.cpu_seconds = max(watch.cpu_seconds, _children_cpu() - baseline)
-        watch.seconds = time.monotonic() - began
+        watch.seconds = time.monotonic() - began - watch.suspended_seconds
         return watch
+
+    # -- idle: suspend, checkpoint, wait for a resume --------------------------------------
+
+    def _suspend(self, watch: Watch, procs: list[psutil.Process], log: Any, *,
+                 idle_for: float, elapsed: float) -> tuple[float, float]:
+        """Hold the task, upload a checkpoint, wait for a resume or a cancel, let it go on.
+        Returns (seconds held, CPU seconds the checkpoint's git used)."""
+        assert self.hold is not None
+        self.resume_asked = False
+        held_from = time.monotonic()
+        sequence = watch.suspensions + 1
+        how = self.hold.freeze(procs)
+        cost_from = _children_cpu()
+        checkpoint = self._checkpoint(sequence)
+        cost = _children_cpu() - cost_from
+        self._say(log, f"no progress for {idle_for:.0f} s: suspended ({how}; CPU released, "
+                       f"memory stays resident); {checkpoint['detail']}")
+        payload = {
+            "sandbox_id": self.spec["sandbox_id"], "idle_seconds": int(idle_for),
+            "sequence": sequence, "method": "freeze",
+            "checkpoint_uri": checkpoint["uri"], "checkpoint_bytes": checkpoint["bytes"],
+            "files_changed": checkpoint["files"], "elapsed_ms": int(elapsed * 1000),
+            "cpu_seconds": round(watch.cpu_seconds, 3), "memory_released": False,
+            "detail": f"process tree held by {how}; CPU and slot released, memory stays "
+                      f"resident; {checkpoint['detail']}",
+        }
+        state = {"sequence": sequence, "state": "suspended", "method": how,
+                 "since": time.time(), "payload": payload}
+        _write_json_atomic(self.dir / "suspended.json", state)
+        watch.suspensions = sequence
+        while not self.cancelled and not self.resume_asked and watch.status is None:
+            if not (self.dir / "spec.json").exists():
+                # The agent removed the sandbox: nobody can resume it any more.
+                self.cancelled = True
+                break
+            self._reap()
+            time.sleep(SAMPLE_SECONDS)
+        self.hold.thaw()
+        held = time.monotonic() - held_from
+        state.update(state="cancelled" if self.cancelled else "resumed", held_seconds=held)
+        _write_json_atomic(self.dir / "suspended.json", state)
+        self._say(log, f"{state['state']} after {held:.1f} s suspended")
+        return held, cost
+
+    def _checkpoint(self, sequence: int) -> dict[str, Any]:
+        """The working copy's diff against the base now, uploaded; never fatal. A private
+        index (a copy of the task's) is used, so the task's own index is not changed."""
+        out: dict[str, Any] = {"uri": None, "bytes": 0, "files": [], "detail": ""}
+        base_sha = self._base_sha
+        if base_sha is None or not (self.work / ".git").is_dir():
+            out["detail"] = "no checkpoint: no repository in the working copy"
+            return out
+        private = self.dir / "checkpoint"
+        private.mkdir(mode=0o700, exist_ok=True)
+        index = private / "index"
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.work / ".git" / "index", index)
+        if self._uid is not None:
+            _chown_tree(private, self._uid, int(self.spec["gid"]))
+        patch = self.dir / f"checkpoint-{sequence}.diff"
+        names = private / "files.txt"
+        env = {**self._env(), "GIT_INDEX_FILE": str(index)}
+        memory = max(self.limits["memory_bytes"], 512 << 20)
+        try:
+            for argv, target in ((["git", "add", "-A"], None),
+                                 (["git", "diff", "--cached", "--binary", base_sha], patch),
+                                 (["git", "diff", "--cached", "--name-only", "-z", base_sha],
+                                  names)):
+                full = exec_argv(self.spec, argv, cwd=str(self.work), cpu_seconds=120,
+                                 memory_bytes=memory, file_bytes=PATCH_BYTES,
+                                 net="isolated" if self.spec.get("isolation") else "host")
+                with open(target or os.devnull, "wb") as sink:
+                    done = subprocess.run(full, stdin=subprocess.DEVNULL, stdout=sink,
+                                          stderr=subprocess.PIPE, env=env, close_fds=True,
+                                          start_new_session=True, timeout=CHECKPOINT_TIMEOUT,
+                                          check=False)
+                if done.returncode != 0:
+                    why = done.stderr.decode(errors="replace").strip().splitlines()
+                    raise PrepareError(f"{' '.join(argv[:2])}: "
+                                       f"{why[-1] if why else done.returncode}")
+            out["files"] = [n for n in names.read_bytes().decode(errors="replace").split("\0")
+                            if n]
+            out["bytes"] = patch.stat().st_size
+            prefix = str(self.spec["prefix"]).strip("/")
+            bucket_name = str(self.spec["bucket"])
+            name = f"{prefix}/checkpoint-{sequence}.diff"
+            _upload(_storage_client().bucket(bucket_name), name, patch, "text/x-diff")
+            out["uri"] = f"gs://{bucket_name}/{name}"
+            out["detail"] = (f"checkpoint {sequence}: {len(out['files'])} files, "
+                             f"{out['bytes']} bytes")
+        except Exception as exc:  # a checkpoint is for people to look at: never fatal
+            out.update(uri=None, detail=f"no checkpoint: {type(exc).__name__}: {exc}")
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        return out
 
     def _reap(self) -> None:
         """Reap every exited child (the monitor is a subreaper: orphans come here too),
@@ -533,6 +773,22 @@ def _usage(procs: Sequence[psutil.Process]) -> tuple[int, float]:
             times = proc.cpu_times()
             cpu += times.user + times.system + times.children_user + times.children_system
     return rss, cpu
+
+
+def _io_chars(procs: Sequence[psutil.Process]) -> int:
+    """Bytes read and written by ``procs`` (any file, pipe or socket), summed."""
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, AttributeError):
+            io = proc.io_counters()
+            total += io.read_chars + io.write_chars
+    return total
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def _is_live(proc: psutil.Process) -> bool:

@@ -6,8 +6,11 @@ Served by the node agent (``register_sandboxes`` adds them to its Flask app), on
     GET    /sandboxes              {"isolation": {...}, "sandboxes": [status, ...]}
     PUT    /sandboxes/<id>         body: the run spec (``functions.domain.sandboxes.RunSpec``)
                                    -> 202; sandbox.finished when it ends
-    GET    /sandboxes/<id>         state (running, finished, reported), pid, result, ...
-    DELETE /sandboxes/<id>         cancel a running sandbox -> 200 (it reports ``cancelled``)
+    GET    /sandboxes/<id>         state (running, suspended, finished, reported), pid,
+                                   result, suspension, ...
+    POST   /sandboxes/<id>/resume  let a suspended sandbox go on -> 200 (idempotent)
+    DELETE /sandboxes/<id>         cancel a running or suspended sandbox -> 200 (it reports
+                                   ``cancelled``)
 
 Why endpoints on the node agent rather than a sandbox service of its own: the agent already
 is the local runtime's one door (the control plane knows its URL, ``stasis up`` starts and
@@ -31,6 +34,12 @@ Isolation is decided once per agent by a probe (``detect_isolation``), never ass
   task's tools must then be readable by others (/usr/bin; not a Python under /root), and
   sandbox directories live where others can traverse (``sandbox_root``). An agent running
   as a normal user runs sandboxes as that user, in a user namespace for the network.
+
+Idle suspension (``limits.idle_seconds``): the monitor holds an idle task and writes
+``suspended.json``; the agent's watcher publishes it as sandbox.suspended, once per
+suspension (requestid ``<request>.suspend-<n>``, the ``suspension.reported`` marker), and a
+resume is SIGUSR1 to the monitor. How the task is held, and that its memory stays
+resident, is ``runtime.local.sandbox_task``'s to say.
 
 Crash recovery: a restarted agent (``recover``) waits for monitors still running, and
 reports results left unreported; a sandbox whose monitor died without a result is reported
@@ -63,7 +72,7 @@ from typing import Any
 import psutil
 from flask import Blueprint, Flask, jsonify, request
 
-from events import SandboxFinished, new_event
+from events import SandboxFinished, SandboxSuspended, new_event
 from runtime.local.node import BadRequest, NotFound, Refused
 from runtime.local.publisher import Publisher
 from runtime.local.sandbox_task import EXEC_PATH, reachable_by_others
@@ -78,6 +87,9 @@ LIMIT_KEYS = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes")
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PROBE_TIMEOUT = 20.0
 _FINISHED_FIELDS = {f.name for f in dataclasses.fields(SandboxFinished)}
+_SUSPENDED_FIELDS = {f.name for f in dataclasses.fields(SandboxSuspended)}
+_LIVE = ("running", "suspended")
+_WATCH_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,11 @@ def parse_run_spec(sandbox_id: str, body: Any) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadRequest(f"limits.{name} must be a whole number of at least 1")
         spec["limits"][name] = value
+    # Optional: a control plane from before idle suspension sends none (never suspend).
+    idle = limits.get("idle_seconds", 0)
+    if isinstance(idle, bool) or not isinstance(idle, int) or idle < 0:
+        raise BadRequest("limits.idle_seconds must be a whole number of at least 0")
+    spec["limits"]["idle_seconds"] = idle
     allowed = body.get("allowed_network") or []
     if not isinstance(allowed, list) or not all(isinstance(a, str) and a for a in allowed):
         raise BadRequest("allowed_network must be a list of destinations")
@@ -257,7 +274,7 @@ class SandboxRunner:
     def _free_uid(self) -> int:
         with self._lock:
             taken = {self._spec(d.name).get("uid") for d in self._dirs()
-                     if self._state(d.name) == "running"}
+                     if self._state(d.name) in _LIVE}
             live = set()
             for proc in psutil.process_iter(["uids"]):
                 with contextlib.suppress(psutil.Error, TypeError):
@@ -290,13 +307,38 @@ class SandboxRunner:
     # -- watching and reporting ------------------------------------------------------------
 
     def _wait_popen(self, sandbox_id: str, popen: subprocess.Popen[bytes]) -> None:
-        popen.wait()
+        while popen.poll() is None:
+            self._report_suspension(sandbox_id)
+            time.sleep(_WATCH_SECONDS)
         self._report(sandbox_id)
 
     def _wait_pid(self, sandbox_id: str) -> None:
         while self._monitor_alive(sandbox_id):
-            time.sleep(0.5)
+            self._report_suspension(sandbox_id)
+            time.sleep(_WATCH_SECONDS)
         self._report(sandbox_id)
+
+    def _report_suspension(self, sandbox_id: str) -> None:
+        """Publish the monitor's latest suspension, once. One that is over already (the
+        sandbox was resumed or cancelled before it was published) is not news."""
+        directory = self.root / sandbox_id
+        held = _read_json(directory / "suspended.json")
+        sequence = int(held.get("sequence") or 0)
+        if sequence <= int(_read_json(directory / "suspension.reported").get("sequence") or 0):
+            return
+        if held.get("state") == "suspended":
+            payload = SandboxSuspended(**{k: v for k, v in (held.get("payload") or {}).items()
+                                          if k in _SUSPENDED_FIELDS})
+            requestid = f"{self._spec(sandbox_id).get('requestid')}.suspend-{sequence}"
+            try:
+                self.publisher.publish(new_event(payload, source=self.settings.event_source,
+                                                 requestid=requestid))
+            except Exception:
+                log.exception("sandbox %s: publishing sandbox.suspended failed (retried)",
+                              sandbox_id)
+                return
+        _write_json(directory / "suspension.reported", {"sequence": sequence,
+                                                        "at": datetime.now(UTC).isoformat()})
 
     def _report(self, sandbox_id: str, again: bool = False) -> None:
         directory = self.root / sandbox_id
@@ -338,7 +380,7 @@ class SandboxRunner:
         for directory in self._dirs():
             sandbox_id = directory.name
             state = self._state(sandbox_id)
-            if state == "running":
+            if state in _LIVE:
                 self._spawn(sandbox_id, self._wait_pid, sandbox_id)
             elif state == "finished":
                 self._spawn(sandbox_id, self._report, sandbox_id)
@@ -352,26 +394,43 @@ class SandboxRunner:
         spec = self._spec(sandbox_id)
         monitor = _read_json(self.root / sandbox_id / "monitor.json")
         result = _read_json(self.root / sandbox_id / "result.json") or None
+        held = _read_json(self.root / sandbox_id / "suspended.json")
         return {
             "sandbox_id": sandbox_id, "state": self._state(sandbox_id),
             "pid": monitor.get("pid"), "started_at": spec.get("started_at"),
             "uid": spec.get("uid"), "network": spec.get("network"), "net": spec.get("net"),
             "requestid": spec.get("requestid"), "result": result,
             "dir": str(self.root / sandbox_id),
+            "suspension": {k: held.get(k) for k in ("sequence", "state", "method", "since",
+                                                    "held_seconds")} if held else None,
         }
 
     def list(self) -> list[dict[str, Any]]:
         return [self.status(d.name) for d in self._dirs()]
 
     def cancel(self, sandbox_id: str) -> dict[str, Any]:
-        """Ask a running sandbox's monitor to stop it; it still collects the patch and
-        reports ``cancelled``. Idempotent."""
+        """Ask a running or suspended sandbox's monitor to stop it (a suspended one is
+        let go first); it still collects the patch and reports ``cancelled``. Idempotent."""
         status = self.status(sandbox_id)
-        if status["state"] != "running":
+        if status["state"] not in _LIVE:
             return {"sandbox_id": sandbox_id, "cancelled": False, "state": status["state"]}
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(status["pid"]), signal.SIGTERM)
-        return {"sandbox_id": sandbox_id, "cancelled": True, "state": "running"}
+        return {"sandbox_id": sandbox_id, "cancelled": True, "state": status["state"]}
+
+    def resume(self, sandbox_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Let a suspended sandbox go on (SIGUSR1 to its monitor, which thaws it); answers
+        once the monitor says it runs again. Idempotent: a sandbox that is not suspended
+        is answered with its state and nothing is done."""
+        status = self.status(sandbox_id)
+        if status["state"] != "suspended":
+            return {"sandbox_id": sandbox_id, "resumed": False, "state": status["state"]}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(status["pid"]), signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while self._state(sandbox_id) == "suspended" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"sandbox_id": sandbox_id, "resumed": True, "state": self._state(sandbox_id)}
 
     def wait_idle(self, timeout: float = 120.0) -> bool:
         """Wait until every watcher thread ended (tests)."""
@@ -400,7 +459,8 @@ class SandboxRunner:
         if (directory / "reported").exists():
             return "reported"
         if self._monitor_alive(sandbox_id):
-            return "running"
+            held = _read_json(directory / "suspended.json")
+            return "suspended" if held.get("state") == "suspended" else "running"
         return "finished"
 
     def _monitor_alive(self, sandbox_id: str) -> bool:
@@ -493,6 +553,10 @@ def register_sandboxes(app: Flask, settings: AgentSettings, publisher: Publisher
     @bp.get("/sandboxes/<sandbox_id>")
     def status(sandbox_id: str) -> Any:
         return jsonify(app.config["sandboxes"]().status(sandbox_id))
+
+    @bp.post("/sandboxes/<sandbox_id>/resume")
+    def resume(sandbox_id: str) -> Any:
+        return jsonify(app.config["sandboxes"]().resume(sandbox_id))
 
     @bp.delete("/sandboxes/<sandbox_id>")
     def cancel(sandbox_id: str) -> Any:

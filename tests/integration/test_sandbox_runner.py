@@ -30,7 +30,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import firestore, storage
 from werkzeug.serving import make_server
 
-from events import Event, SandboxRequested, new_event
+from events import Event, SandboxRequested, SandboxResumeRequested, new_event
 from functions.adapters.firestore_store import FirestoreStore
 from functions.adapters.sandbox_runtime import LocalSandboxRuntime
 from functions.adapters.sandbox_store import FirestoreSandboxStore
@@ -38,6 +38,7 @@ from functions.domain.catalog import Catalog
 from functions.handlers import sandboxes as handler
 from functions.handlers.deps import Deps
 from functions.handlers.sandbox_ports import SandboxDeps
+from functions.routes import ROUTES
 from runtime.local.publisher import RecordingPublisher
 from runtime.local.sandboxes import (
     UID_BASE,
@@ -142,12 +143,20 @@ def runner(env: Env, tmp_path: Path) -> Iterator[SandboxRunner]:
     try:
         yield run
     finally:
+        release(run)
         run.wait_idle(60)
         deadline = time.monotonic() + 10
         while (left := sandbox_processes(root)) and time.monotonic() < deadline:
             time.sleep(0.1)
         shutil.rmtree(root, ignore_errors=True)
         assert left == [], f"sandbox processes left: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def release(runner: SandboxRunner) -> None:
+    """A failed test may leave a sandbox suspended, held for ever: cancel it."""
+    for status in runner.list():
+        if status["state"] == "suspended":
+            runner.cancel(status["sandbox_id"])
 
 
 _ids = iter(range(10**6))
@@ -415,6 +424,112 @@ def test_a_restarted_runner_reports_what_finished_while_it_was_away(
     later.wait_idle(30)
 
 
+# -- idle: suspended, resumed on demand ------------------------------------------------------
+
+
+def start(runner: SandboxRunner, env: Env, repo: Path, sandbox_id: str, command: str,
+          **limits: int) -> None:
+    runner.start(sandbox_id, {
+        "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo), "base_ref": "main",
+        "command": command, "limits": {**LIMITS, **limits}, "allowed_network": [],
+        "requestid": f"req-{sandbox_id}", "bucket": env.bucket,
+        "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+
+
+def held_processes(runner: SandboxRunner, sandbox_id: str) -> list[psutil.Process]:
+    """The task's processes (the monitor's descendants), once all of them are held."""
+    monitor = psutil.Process(runner.status(sandbox_id)["pid"])
+    deadline = time.monotonic() + 10
+    while True:
+        procs = [p for p in monitor.children(recursive=True) if p.status() != "zombie"]
+        if procs and all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
+                         for p in procs):
+            return procs
+        assert time.monotonic() < deadline, [(p.pid, p.status()) for p in procs]
+        time.sleep(0.05)
+
+
+def test_an_idle_task_is_frozen_with_a_checkpoint_and_finishes_after_a_resume(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-idle"
+    # Idle after its first write; wall clock 4 s, held for longer than that: suspended
+    # time is not run time.
+    start(runner, env, repo, sandbox_id, "echo partial > a.txt; sleep 3; echo done > b.txt",
+          idle_seconds=1, wall_clock_seconds=4)
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    event = publisher.wait_for("sandbox.suspended", sandbox_id=sandbox_id, timeout=60)
+    suspended = event.payload
+    assert event.requestid == f"req-{sandbox_id}.suspend-1"
+    assert suspended.sequence == 1 and suspended.method == "freeze"
+    assert suspended.idle_seconds >= 1 and suspended.memory_released is False
+    assert "memory stays resident" in suspended.detail
+    status = runner.status(sandbox_id)
+    assert status["state"] == "suspended" and status["suspension"]["sequence"] == 1
+    procs = held_processes(runner, sandbox_id)
+    assert any(p.name() == "sleep" for p in procs)
+    if status["suspension"]["method"] == "cgroup v1 freezer":
+        [cgroup] = Path("/sys/fs/cgroup/freezer/stasis").glob(f"{sandbox_id}-*")
+        assert (cgroup / "freezer.state").read_text().strip() == "FROZEN"
+        assert {p.pid for p in procs} <= {int(x) for x in
+                                           (cgroup / "cgroup.procs").read_text().split()}
+    # The checkpoint holds the work so far, not what comes after the resume.
+    checkpoint = env.read(suspended.checkpoint_uri).decode()
+    assert suspended.files_changed == ["a.txt"] and "+partial" in checkpoint
+    assert suspended.checkpoint_bytes == len(checkpoint.encode())
+    cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    time.sleep(5)
+    assert sum(p.cpu_times().user + p.cpu_times().system for p in procs) == cpu_before
+    assert runner.status(sandbox_id)["state"] == "suspended"
+
+    assert runner.resume(sandbox_id)["resumed"] is True
+    assert runner.resume(sandbox_id)["resumed"] is False  # idempotent: it runs again
+    seen, deadline = 1, time.monotonic() + 60
+    while time.monotonic() < deadline:  # the rest of its sleep may idle it again: resume
+        with contextlib.suppress(TimeoutError):
+            publisher.wait_for("sandbox.suspended", sandbox_id=sandbox_id, sequence=seen + 1,
+                               timeout=0.5)
+            seen += 1
+            while runner.resume(sandbox_id)["state"] == "suspended":
+                time.sleep(0.1)
+        finished = [e for e in publisher.events if e.name == "sandbox.finished"]
+        if finished:
+            break
+    result = publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id, timeout=1).payload
+    assert result.succeeded and result.termination == "exited", result.error
+    assert sorted(result.files_changed) == ["a.txt", "b.txt"]
+    log = env.read(result.log_uri).decode()
+    assert "suspended (" in log and "resumed after" in log
+    assert "s suspended, " in log
+
+
+def test_a_busy_task_is_never_suspended(runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-busy"
+    start(runner, env, repo, sandbox_id,
+          "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do :; done; "
+          "echo ok > busy.txt", idle_seconds=1)
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    result = publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id, timeout=60).payload
+    assert result.succeeded and result.files_changed == ["busy.txt"]
+    assert "sandbox.suspended" not in publisher.names()
+    assert "suspended" not in env.read(result.log_uri).decode()
+
+
+def test_a_suspended_sandbox_can_be_cancelled_and_returns_its_patch(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    sandbox_id = "sbx-idle-cancel"
+    start(runner, env, repo, sandbox_id, "echo half > half.txt; sleep 300", idle_seconds=1)
+    publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
+    publisher.wait_for("sandbox.suspended", sandbox_id=sandbox_id, timeout=60)
+    held_processes(runner, sandbox_id)
+    assert runner.cancel(sandbox_id) == {"sandbox_id": sandbox_id, "cancelled": True,
+                                         "state": "suspended"}
+    result = publisher.wait_for("sandbox.finished", sandbox_id=sandbox_id, timeout=30).payload
+    assert result.termination == "cancelled" and result.files_changed == ["half.txt"]
+    runner.wait_idle(30)
+    assert runner.resume(sandbox_id)["resumed"] is False
+    assert not list(Path("/sys/fs/cgroup/freezer/stasis").glob(f"{sandbox_id}-*"))
+
+
 # -- admission: the concurrency cap, through the handler -------------------------------------
 
 
@@ -436,11 +551,30 @@ class ControlPlane:
     def doc(self, sandbox_id: str) -> dict[str, Any]:
         return self.db.collection("sandboxes").document(sandbox_id).get().to_dict() or {}
 
+    def resume(self, sandbox_id: str) -> Event[Any]:
+        event = new_event(SandboxResumeRequested(sandbox_id=sandbox_id, requester="alice"),
+                          source="//test")
+        handler.handle(event, self.deps, "on_sandbox_resume_requested")
+        return event
+
+    def queue(self) -> dict[str, Any]:
+        return self.db.collection("sandbox_queues").document("ml-a").get().to_dict() or {}
+
+    def wait_for(self, sandbox_id: str, state: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while (doc := self.doc(sandbox_id)).get("state") != state:
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, (sandbox_id, doc.get("state"), state)
+            time.sleep(0.1)
+        return doc
+
     def wait(self, sandbox_ids: list[str], timeout: float = 120) -> list[dict[str, Any]]:
+        """Until each has ended (or, suspended, waits on nobody but a resume)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             docs = [self.doc(s) for s in sandbox_ids]
             if all(d.get("state") in ("SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED")
+                   or (d.get("state") == "SUSPENDED" and not d.get("queue_position"))
                    for d in docs):
                 return docs
             assert not self.errors, self.errors
@@ -459,11 +593,13 @@ class _PushPublisher(RecordingPublisher):
 
     def publish(self, event: Event[Any]) -> str:
         super().publish(event)
+        [consumer] = [r.function for r in ROUTES.values()
+                      if r.event == event.name and r.handler is handler.handle]
 
         def deliver() -> None:
             try:
                 assert self.deps is not None
-                handler.handle(event, self.deps, "on_sandbox_finished")
+                handler.handle(event, self.deps, consumer)
             except BaseException as exc:
                 self.errors.append(exc)
 
@@ -497,6 +633,7 @@ def control_plane(env: Env, tmp_path: Path) -> Iterator[ControlPlane]:
     try:
         yield ControlPlane(deps, db, runner, publisher.errors)
     finally:
+        release(runner)
         runner.wait_idle(60)
         server.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -581,3 +718,49 @@ def test_the_trampoline_isolates_a_normal_user_in_a_user_namespace(
                           "cat /proc/self/uid_map"], capture_output=True, text=True, timeout=30,
                          check=False)
     assert ran.returncode == 0 and ran.stdout.split() == ["65534", "65534", "1"]
+
+
+def test_an_idle_sandbox_gives_its_slot_away_and_resumes_when_one_is_free(
+        control_plane: ControlPlane, repo: Path) -> None:
+    plane = control_plane
+    plane.request("sbx-nap", "echo a > a.txt; sleep 4; echo b > b.txt", repository=str(repo),
+                  limits={"idle_seconds": 1})
+    plane.request("sbx-long-1", "sleep 300", repository=str(repo))
+    plane.request("sbx-long-2", "sleep 300", repository=str(repo))
+    assert [plane.doc(s)["state"] for s in ("sbx-nap", "sbx-long-1", "sbx-long-2")] == \
+        ["RUNNING", "RUNNING", "QUEUED"]
+
+    # Idle: suspended, and its slot goes to the queued sandbox.
+    nap = plane.wait_for("sbx-nap", "SUSPENDED")
+    assert nap["reason"] == "suspended_idle" and nap["suspensions"] == 1
+    assert nap["checkpoint_uri"].endswith("/sbx-nap/checkpoint-1.diff")
+    assert "memory stays resident" in nap["message"]
+    assert "stasis sandbox resume sbx-nap" in nap["message"]
+    assert plane.wait_for("sbx-long-2", "RUNNING")["reason"] == "promoted"
+    queue = plane.queue()
+    assert (queue["running"], queue["queued"]) == (["sbx-long-1", "sbx-long-2"], [])
+
+    # Both slots are taken: the resume waits in the queue, with its position.
+    plane.resume("sbx-nap")
+    nap = plane.doc("sbx-nap")
+    assert (nap["state"], nap["reason"], nap["queue_position"]) == \
+        ("SUSPENDED", "resume_queued", 1)
+    assert plane.runner.status("sbx-nap")["state"] == "suspended"
+
+    # A slot frees: the sandbox is resumed (not started again) and finishes its work.
+    assert plane.runner.cancel("sbx-long-1")["cancelled"] is True
+    assert plane.wait_for("sbx-nap", "RUNNING")["reason"] == "resumed"
+    plane.runner.cancel("sbx-long-2")
+    nap, *_ = plane.wait(["sbx-nap", "sbx-long-1", "sbx-long-2"])
+    # It may idle again in the rest of its sleep; each time it is resumed the same way.
+    while nap["state"] == "SUSPENDED":
+        plane.resume("sbx-nap")
+        [nap] = plane.wait(["sbx-nap"])
+    assert nap["state"] == "SUCCEEDED", nap["message"]
+    assert sorted(nap["files_changed"]) == ["a.txt", "b.txt"]
+    assert nap["suspended_ms"] > 0 and nap["suspended_at"] is None
+    assert plane.runner.status("sbx-nap")["result"]["succeeded"] is True
+    queue = plane.queue()
+    assert (queue["running"], queue["queued"]) == ([], [])
+    actions = [a.to_dict()["action"] for a in plane.db.collection("audit").stream()]
+    assert "sandbox.suspended" in actions and "sandbox.resume_requested" in actions

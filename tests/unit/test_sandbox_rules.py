@@ -26,6 +26,7 @@ from functions.domain.sandboxes import (
     Sandbox,
     SandboxPolicy,
     SandboxState,
+    Suspension,
     TeamQueue,
     admit,
     destination_permitted,
@@ -33,8 +34,10 @@ from functions.domain.sandboxes import (
     outcome_of,
     overdue,
     policy_problems,
+    request_resume,
     resolve_limits,
     resolve_policy,
+    suspend,
 )
 from runtime.local.node import BadRequest
 from runtime.local.sandbox_task import Watch, classify, exec_argv, scrubbed_env
@@ -499,6 +502,7 @@ class _FakeRuntime:
 
     def __init__(self, refuse: bool = False) -> None:
         self.started: list[RunSpec] = []
+        self.resumed: list[RunSpec] = []
         self.refuse = refuse
 
     def start(self, spec: RunSpec) -> None:
@@ -507,6 +511,13 @@ class _FakeRuntime:
         if self.refuse:
             raise RuntimeRefused("no such repository on this node")
         self.started.append(spec)
+
+    def resume(self, spec: RunSpec) -> None:
+        from functions.ports import RuntimeRefused
+
+        if self.refuse:
+            raise RuntimeRefused(f"sandbox {spec.sandbox_id} is not known on this node")
+        self.resumed.append(spec)
 
     def cancel(self, sandbox_id: str) -> None: ...
 
@@ -586,3 +597,247 @@ def test_the_sandbox_document_schema_matches_the_record(catalog: Catalog) -> Non
         errors = list(Draft202012Validator(schema, format_checker=FormatChecker())
                       .iter_errors(as_json))
         assert errors == [], errors
+
+
+# -- idle: suspension and resume ---------------------------------------------------------------
+
+
+def test_the_idle_limit_defaults_from_policy_and_never_ranks_above_any_number() -> None:
+    assert resolve_limits({}, DEFAULT_POLICY, "ml-a").idle_seconds == 600  # type: ignore[union-attr]
+    assert resolve_limits({"idle_seconds": 60}, DEFAULT_POLICY, "ml-a").idle_seconds == 60  # type: ignore[union-attr]
+    never = resolve_limits({"idle_seconds": 0}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(never, Refusal) and never.reason == Reason.LIMIT_ABOVE_MAXIMUM
+    assert "idle_seconds never > 3600" in never.message
+    lenient = resolve_policy({"maximum": {"idle_seconds": 0}}, "ml-a")
+    assert isinstance(lenient, SandboxPolicy)
+    assert resolve_limits({"idle_seconds": 0}, lenient, "ml-a").idle_seconds == 0  # type: ignore[union-attr]
+    assert [p.path for p in policy_problems({"defaults": {"idle_seconds": 0}})] == ["/sandboxes"]
+    assert policy_problems({"defaults": {"idle_seconds": -1}})
+    # A record admitted before the limit existed is never suspended.
+    old = {k: v for k, v in DEFAULT_LIMITS.to_doc().items() if k != "idle_seconds"}
+    assert Limits.from_doc(old).idle_seconds == 0
+    assert "suspended after 600 s idle" in DEFAULT_LIMITS.describe()
+
+
+def _running(catalog: Catalog, *ids: str) -> tuple[dict[str, Sandbox], TeamQueue]:
+    queue, records = TeamQueue(), {}
+    for sandbox_id in ids:
+        records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
+    return records, queue
+
+
+def _suspended(record: Sandbox, at: datetime = NOW) -> Sandbox:
+    return dataclasses.replace(record, state=SandboxState.SUSPENDED,
+                               reason=str(Reason.SUSPENDED_IDLE), suspended_at=at, suspensions=1)
+
+
+def test_an_idle_sandbox_is_suspended_and_its_slot_goes_to_the_queue(catalog: Catalog) -> None:
+    records, queue = _running(catalog, "sbx-1", "sbx-2", "sbx-3", "sbx-4")
+    later = NOW + timedelta(minutes=11)
+    report = Suspension("sbx-1", idle_seconds=610, checkpoint_uri="gs://b/c-1.diff",
+                        checkpoint_bytes=42, files_changed=("a.py",), cpu_seconds=3.0)
+    decision = suspend(records["sbx-1"], report, policy=DEFAULT_POLICY, queue=queue,
+                       load=records.get, now=later)
+    held, promoted = decision.sandboxes
+    assert decision.accepted and decision.reason == Reason.SUSPENDED_IDLE
+    assert (held.state, held.suspended_at, held.suspensions) == (SandboxState.SUSPENDED, later, 1)
+    assert (held.checkpoint_uri, held.checkpoint_bytes, held.files_changed) == \
+        ("gs://b/c-1.diff", 42, ("a.py",))
+    assert "610 s without progress" in held.message
+    assert "memory stays resident" in held.message
+    assert "stasis sandbox resume sbx-1" in held.message
+    assert promoted.id == "sbx-3" and promoted.state == SandboxState.RUNNING
+    assert decision.start == ("sbx-3",) and decision.resume == ()
+    assert decision.queue == TeamQueue(("sbx-2", "sbx-3"), ("sbx-4",))
+
+
+@pytest.mark.parametrize(("state", "suspensions", "sequence", "reason"), [
+    (SandboxState.SUSPENDED, 1, 2, Reason.ALREADY_SUSPENDED),
+    (SandboxState.RUNNING, 2, 1, Reason.STALE_REPORT),   # resumed since: an old report
+    (SandboxState.RUNNING, 1, 1, Reason.STALE_REPORT),
+    (SandboxState.QUEUED, 0, 1, Reason.NOT_RUNNING),
+    (SandboxState.SUCCEEDED, 0, 1, Reason.ALREADY_FINISHED),
+    (SandboxState.KILLED, 1, 2, Reason.ALREADY_FINISHED),
+])
+def test_suspensions_that_change_nothing(catalog: Catalog, state: SandboxState,
+                                         suspensions: int, sequence: int,
+                                         reason: Reason) -> None:
+    records, queue = _running(catalog, "sbx-1")
+    record = dataclasses.replace(records["sbx-1"], state=state, suspensions=suspensions)
+    decision = suspend(record, Suspension("sbx-1", 700, sequence=sequence),
+                       policy=DEFAULT_POLICY, queue=queue, load=records.get, now=NOW)
+    assert not decision.accepted and decision.reason == reason
+    assert decision.sandboxes == () and decision.queue is None and decision.resume == ()
+    unknown = suspend(None, Suspension("sbx-0", 700), policy=DEFAULT_POLICY, queue=queue,
+                      load=records.get, now=NOW)
+    assert unknown.reason == Reason.UNKNOWN_SANDBOX and unknown.sandboxes == ()
+
+
+def test_a_resume_with_a_free_slot_runs_at_once(catalog: Catalog) -> None:
+    records, _ = _running(catalog, "sbx-1")
+    held = dataclasses.replace(_suspended(records["sbx-1"]), suspended_ms=5000)
+    decision = request_resume(held, "sbx-1", "bob", team=catalog.teams["ml-a"],
+                              policy=DEFAULT_POLICY, queue=TeamQueue(),
+                              now=NOW + timedelta(seconds=90))
+    [resumed] = decision.sandboxes
+    assert decision.accepted and decision.reason == Reason.RESUMED
+    assert (resumed.state, resumed.suspended_at, resumed.suspended_ms) == \
+        (SandboxState.RUNNING, None, 95_000)
+    assert "resumed after 90 s suspended" in resumed.message
+    assert decision.resume == ("sbx-1",) and decision.start == ()
+    assert decision.queue == TeamQueue(("sbx-1",), ())
+
+
+def test_a_resume_without_a_slot_waits_in_line_and_is_resumed_when_promoted(
+        catalog: Catalog) -> None:
+    records, queue = _running(catalog, "sbx-1", "sbx-2", "sbx-3", "sbx-4")
+    records["sbx-1"] = dataclasses.replace(records["sbx-1"], state=SandboxState.RUNNING,
+                                           started_at=NOW)
+    suspended = suspend(records["sbx-1"], Suspension("sbx-1", 600), policy=DEFAULT_POLICY,
+                        queue=queue, load=records.get, now=NOW)
+    for record in suspended.sandboxes:
+        records[record.id] = record
+    assert suspended.queue is not None
+    queue = suspended.queue  # running: sbx-2, sbx-3; queued: sbx-4
+    decision = request_resume(records["sbx-1"], "sbx-1", "alice", team=catalog.teams["ml-a"],
+                              policy=DEFAULT_POLICY, queue=queue, now=NOW)
+    [waiting] = decision.sandboxes
+    # First in, first out: behind sbx-4, which was waiting already.
+    assert decision.accepted and decision.reason == Reason.RESUME_QUEUED
+    assert (waiting.state, waiting.queue_position) == (SandboxState.SUSPENDED, 2)
+    assert waiting.message.startswith("resume queued:") and "position 2 of 2" in waiting.message
+    assert decision.resume == () and decision.queue == TeamQueue(("sbx-2", "sbx-3"),
+                                                                 ("sbx-4", "sbx-1"))
+    records["sbx-1"], queue = waiting, decision.queue
+    again = request_resume(waiting, "sbx-1", "alice", team=catalog.teams["ml-a"],
+                           policy=DEFAULT_POLICY, queue=queue, now=NOW)
+    assert again.reason == Reason.RESUME_ALREADY_QUEUED and again.sandboxes == ()
+
+    # Two slots free up: sbx-4 starts, sbx-1 is resumed (not started again).
+    later = NOW + timedelta(minutes=2)
+    first = finish(records["sbx-2"], Report("sbx-2", True, exit_status=0),
+                   policy=DEFAULT_POLICY, queue=queue, load=records.get, now=later)
+    assert first.start == ("sbx-4",) and first.resume == ()
+    assert first.queue is not None
+    second = finish(records["sbx-3"], Report("sbx-3", True, exit_status=0),
+                    policy=DEFAULT_POLICY, queue=first.queue, load=records.get, now=later)
+    _, resumed = second.sandboxes
+    assert second.start == () and second.resume == ("sbx-1",)
+    assert (resumed.state, resumed.reason, resumed.queue_position) == \
+        (SandboxState.RUNNING, "resumed", None)
+    assert resumed.suspended_ms == 120_000 and "waited for a slot" in resumed.message
+    assert second.queue == TeamQueue(("sbx-4", "sbx-1"), ())
+
+
+@pytest.mark.parametrize(("state", "requester", "reason"), [
+    (SandboxState.RUNNING, "alice", Reason.NOT_SUSPENDED),
+    (SandboxState.QUEUED, "alice", Reason.NOT_SUSPENDED),
+    (SandboxState.KILLED, "alice", Reason.ALREADY_FINISHED),
+    (SandboxState.SUSPENDED, "carol", Reason.NOT_A_MEMBER),
+])
+def test_resumes_that_change_nothing(catalog: Catalog, state: SandboxState, requester: str,
+                                     reason: Reason) -> None:
+    records, queue = _running(catalog, "sbx-1")
+    record = dataclasses.replace(_suspended(records["sbx-1"]), state=state)
+    decision = request_resume(record, "sbx-1", requester, team=catalog.teams["ml-a"],
+                              policy=DEFAULT_POLICY, queue=TeamQueue(), now=NOW)
+    assert not decision.accepted and decision.reason == reason
+    assert decision.sandboxes == () and decision.queue is None and decision.resume == ()
+    unknown = request_resume(None, "sbx-0", "alice", team=catalog.teams["ml-a"],
+                             policy=DEFAULT_POLICY, queue=queue, now=NOW)
+    assert unknown.reason == Reason.UNKNOWN_SANDBOX
+
+
+def test_a_suspended_sandbox_that_ends_leaves_the_queue(catalog: Catalog) -> None:
+    records, _ = _running(catalog, "sbx-1")
+    held = dataclasses.replace(_suspended(records["sbx-1"]), queue_position=1)
+    queue = TeamQueue(("sbx-2", "sbx-3"), ("sbx-1", "sbx-4"))
+    decision = finish(held, Report("sbx-1", False, "cancelled"), policy=DEFAULT_POLICY,
+                      queue=queue, load=lambda _i: None, now=NOW + timedelta(seconds=30))
+    [ended] = decision.sandboxes
+    assert (ended.state, ended.reason) == (SandboxState.KILLED, "cancelled")
+    assert ended.suspended_at is None and ended.suspended_ms == 30_000
+    assert decision.queue == TeamQueue(("sbx-2", "sbx-3"), ("sbx-4",))
+    assert [(i, p) for i, p, _ in decision.positions] == [("sbx-4", 1)]
+
+
+def test_suspended_time_is_not_overdue_time() -> None:
+    record = Sandbox(id="s", team="ml-a", requester="a", repository="r", command="c",
+                     base_ref="main", limits=dataclasses.replace(DEFAULT_LIMITS,
+                                                                 wall_clock_seconds=60),
+                     allowed_network=(), state=SandboxState.RUNNING, reason="resumed",
+                     requestid="r", requested_at=NOW, started_at=NOW, suspended_ms=600_000)
+    assert overdue([record], NOW + timedelta(minutes=15)) == []
+    assert overdue([record], NOW + timedelta(minutes=17)) == [record]
+    held = dataclasses.replace(record, state=SandboxState.SUSPENDED, suspended_at=NOW)
+    assert overdue([held], NOW + timedelta(days=1)) == []
+
+
+def test_the_run_spec_carries_the_idle_limit() -> None:
+    spec = dataclasses.replace(SPEC, limits=dataclasses.replace(DEFAULT_LIMITS,
+                                                                idle_seconds=30)).to_json()
+    spec["prefix"] = "p"
+    assert parse_run_spec(SPEC.sandbox_id, spec)["limits"]["idle_seconds"] == 30
+    older = {**spec, "limits": {k: v for k, v in spec["limits"].items() if k != "idle_seconds"}}
+    assert parse_run_spec(SPEC.sandbox_id, older)["limits"]["idle_seconds"] == 0
+    with pytest.raises(BadRequest, match=r"limits\.idle_seconds"):
+        parse_run_spec(SPEC.sandbox_id, {**spec, "limits": {**spec["limits"],
+                                                            "idle_seconds": -1}})
+
+
+def _event(payload: Any, requestid: str | None = None) -> Any:
+    from events import new_event
+
+    return new_event(payload, source="//t", requestid=requestid)
+
+
+def test_the_handler_suspends_and_resumes_through_the_runtime(catalog: Catalog) -> None:
+    from events import SandboxResumeRequested, SandboxSuspended
+    from functions.handlers import sandboxes as handler
+
+    runtime = _FakeRuntime()
+    deps = _deps(catalog, runtime)  # the fake policy: one slot
+    request = _requested("sbx-1")
+    handler.handle(request, deps, "on_sandbox_requested")
+    handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")
+    store = deps.sandboxes.store
+    suspended = _event(SandboxSuspended("sbx-1", 600, checkpoint_uri="gs://b/c.diff",
+                                        checkpoint_bytes=9),
+                       requestid=f"{request.requestid}.suspend-1")
+    handler.handle(suspended, deps, "on_sandbox_suspended")
+    handler.handle(suspended, deps, "on_sandbox_suspended")  # a redelivery
+    assert store.docs[("sandboxes", "sbx-1")]["state"] == "SUSPENDED"
+    assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]
+
+    resume = _event(SandboxResumeRequested("sbx-1", "alice"))
+    handler.handle(resume, deps, "on_sandbox_resume_requested")
+    assert store.docs[("sandboxes", "sbx-1")]["reason"] == "resume_queued"
+    assert runtime.resumed == []
+
+    from events import SandboxFinished
+
+    handler.handle(_event(SandboxFinished("sbx-2", True, exit_status=0)), deps,
+                   "on_sandbox_finished")
+    assert [s.sandbox_id for s in runtime.resumed] == ["sbx-1"]
+    assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]  # not started again
+    doc = store.docs[("sandboxes", "sbx-1")]
+    assert (doc["state"], doc["reason"], doc["suspensions"]) == ("RUNNING", "resumed", 1)
+    handler.handle(resume, deps, "on_sandbox_resume_requested")  # a redelivery
+    assert len(runtime.resumed) == 1
+
+
+def test_a_runtime_that_lost_a_suspended_sandbox_reports_it_lost(catalog: Catalog) -> None:
+    from events import SandboxResumeRequested, SandboxSuspended
+    from functions.handlers import sandboxes as handler
+
+    deps = _deps(catalog, _FakeRuntime())
+    request = _requested("sbx-1")
+    handler.handle(request, deps, "on_sandbox_requested")
+    handler.handle(_event(SandboxSuspended("sbx-1", 600)), deps, "on_sandbox_suspended")
+    deps.sandboxes.runtime.refuse = True
+    handler.handle(_event(SandboxResumeRequested("sbx-1", "alice")), deps,
+                   "on_sandbox_resume_requested")
+    [lost] = deps.bus.events
+    assert lost.name == "sandbox.finished" and lost.requestid == request.requestid
+    assert lost.payload.termination == "runtime_lost"
+    assert "refused to resume" in lost.payload.error
