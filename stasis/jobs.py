@@ -99,7 +99,8 @@ def submit(fn: Callable[..., Any], *args: Any, profile: str = "cpu-small", hosts
     control plane). Default: ``kubernetes`` where ``STASIS_RUNTIME`` says so, else
     ``local``. ``topology``, ``bucket`` and ``home`` only matter on Kubernetes: a
     multi-host TPU slice's topology, the bucket (``STASIS_SNAPSHOT_BUCKET``), and the
-    directory whose modules travel with the function (the working directory).
+    directory whose modules travel with the function (the working directory). ``env``
+    only applies to local hosts (a JobSet's environment is the deployment's).
     """
     runtime = runtime or ("kubernetes" if os.environ.get("STASIS_RUNTIME") == "kubernetes"
                           else "local")
@@ -119,7 +120,7 @@ def submit(fn: Callable[..., Any], *args: Any, profile: str = "cpu-small", hosts
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, "
                          f"got {framework!r}")
     job_id = job_id or new_job_id()
-    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    name = _function_name(fn)
     if control_plane is not None:
         control_plane.submitted(job_id, profile=profile, hosts=hosts, function=name)
 
@@ -166,7 +167,8 @@ def payload_bytes(fn: Callable[..., Any], args: tuple[Any, ...],
     (the hosts have the job's image, not the workspace's disk)."""
     root = Path(home).resolve()
     registered = []
-    for module in list(sys.modules.values()):
+    # "/" as home would ship every module that is not an installed package
+    for module in list(sys.modules.values()) if root != Path(root.anchor) else []:
         if module is not None and _from_home(module, root):
             try:
                 cloudpickle.register_pickle_by_value(module)

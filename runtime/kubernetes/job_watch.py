@@ -105,7 +105,9 @@ class JobWatch:
                                                f"{js.JOBSET_NAME_LABEL}={name}"))
         uri = str(annotations.get(js.ANN_JOB_URI) or "")
         now_ms = int(self.clock() * 1000)
-        ending = js.ending(obj, self._records(uri), pods, now_ms)
+        # the bucket is read only once the JobSet has ended
+        ending = (None if js.outcome(obj) == "running"
+                  else js.ending(obj, self._records(uri), pods, now_ms))
         if ending is None:
             failure = js.start_failure(pods)
             if failure is None:
