@@ -84,7 +84,7 @@ class SandboxDesk:
 
     def __init__(self, results: SandboxResults, bus: Bus, *, clock: Callable[[], datetime],
                  monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, poll_seconds: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep, poll_seconds: float = 0.1,
                  answer_seconds: float = ANSWER_SECONDS) -> None:
         self.results = results
         self.bus = bus
