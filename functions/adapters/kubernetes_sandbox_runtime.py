@@ -16,9 +16,18 @@ sandbox.finished. Steps:
    workspaces) and ``sandbox_manifests`` in order: policies before the Pod, so the Pod
    never runs unconfined.
 
-``cancel`` deletes the Pod, Secret, policies and bundle. The control plane calls it as it
-records a sandbox's end as well as to stop one: the monitor that reports the end only
-reads (its ClusterRole gets, lists and watches), like for jobs.
+``cancel`` deletes the Pod, Secret, policies, bundle and Pod Snapshots. The control plane
+calls it as it records a sandbox's end as well as to stop one: the monitor that reports
+the end only reads (its ClusterRole gets, lists and watches), like for jobs.
+
+Idle suspension (GKE Pod Snapshots; gVisor Pods are what they support): ``suspend``
+creates a PodSnapshotManualTrigger for the sandbox's Pod (which the team's
+PodSnapshotPolicy selects); the watch reports sandbox.suspended once the PodSnapshot is
+Ready; ``release`` deletes the Pod (only then); ``resume`` re-creates it identical but for
+``podsnapshot.gke.io/ps-name``, and GKE restores memory, root file system and emptyDirs
+(the working copy). The collector's URLs live in the snapshot of its memory, so a sandbox
+that may be suspended gets URLs valid for 7 days (V4's longest): a sandbox suspended
+longer comes back unable to upload, and is reported as such.
 
 Where the bundle is made: here, in the function, not in the Pod. The Pod's egress is
 default-deny (only Cloud Storage, by address); cloning in the Pod would need egress to
@@ -75,6 +84,7 @@ _SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!//)[^\s]+$")
 _SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
 #: Kinds of a sandbox's objects, deleted Pod first (it stops using the Secret).
 OBJECT_KINDS = ("Pod", "Secret", "NetworkPolicy", "FQDNNetworkPolicy")
+MAX_URL_SECONDS = 7 * 86400
 
 
 class UrlSigner(Protocol):
@@ -231,7 +241,10 @@ class KubernetesSandboxRuntime:
                                      f"exists and is not sandbox {spec.sandbox_id}'s")
             return  # already running
         base_sha = self._bundle(spec, bucket)
-        expires = timedelta(seconds=min(spec.limits.wall_clock_seconds + 3600, 7 * 86400))
+        # A sandbox that may be suspended keeps its URLs in the snapshot of its collector's
+        # memory: they must outlive the suspension (V4's longest, 7 days).
+        expires = timedelta(seconds=MAX_URL_SECONDS if spec.limits.idle_seconds else
+                            min(spec.limits.wall_clock_seconds + 3600, MAX_URL_SECONDS))
         urls = {key: self._sign(spec, obj, method, content_type, expires)
                 for key, (obj, method, content_type) in sm.URL_OBJECTS.items()}
         self.kube.apply(m.team_namespace(spec.team, self.cluster))
@@ -240,9 +253,57 @@ class KubernetesSandboxRuntime:
         for obj in sm.sandbox_manifests(spec, base_sha, urls, self.settings):
             self.kube.apply(obj)
 
+    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
+        """Snapshot an idle sandbox's Pod (GKE Pod Snapshots; its ``sequence``-th
+        suspension). The watch reports sandbox.suspended once the PodSnapshot is Ready;
+        :meth:`release` then deletes the Pod. Idempotent per sequence."""
+        namespace = sm.namespace_of(team, self.settings)
+        pod = self._own(self.kube.read("Pod", namespace, sm.object_name(sandbox_id)),
+                        sandbox_id)
+        if pod is None or sm.pod_outcome(pod, None) is not None:
+            raise RuntimeRefused(f"sandbox {sandbox_id} has no running pod to suspend")
+        bucket = str(m.annotations_of(pod).get(sm.ANN_BUCKET) or "")
+        self.kube.apply(m.snapshot_storage_config(team, bucket, team_prefix=f"snapshots/{team}",
+                                                  settings=self.cluster))
+        self.kube.apply(m.snapshot_policy(team, self.cluster))
+        self.kube.apply(sm.sandbox_snapshot_trigger(pod, sequence=sequence,
+                                                    idle_seconds=idle_seconds))
+
+    def release(self, sandbox_id: str, *, team: str) -> None:
+        """Delete a suspended sandbox's Pod (compute released), keeping its Secret,
+        policies and bundle for :meth:`resume`. Refused unless a snapshot of it is Ready:
+        without one, deleting the Pod would lose the sandbox."""
+        namespace = sm.namespace_of(team, self.settings)
+        if self._snapshot_of(namespace, sandbox_id) is None:
+            raise RuntimeRefused(f"sandbox {sandbox_id} has no completed Pod Snapshot: its "
+                                 "pod is kept")
+        self.kube.delete("Pod", namespace, sm.object_name(sandbox_id))
+
     def resume(self, spec: RunSpec) -> None:
-        raise RuntimeRefused("sandboxes on the Kubernetes runtime are never suspended, so "
-                             f"there is nothing of {spec.sandbox_id} to resume")
+        """Re-create a released sandbox's Pod from its latest PodSnapshot
+        (``podsnapshot.gke.io/ps-name``): identical to the first, so GKE restores the
+        task where it was. Idempotent; refused when nothing of it can be restored."""
+        namespace = sm.namespace_of(spec.team, self.settings)
+        ps_name = self._snapshot_of(namespace, spec.sandbox_id)
+        if ps_name is None:
+            raise RuntimeRefused(f"sandbox {spec.sandbox_id} has no completed Pod Snapshot on "
+                                 "this cluster: it cannot be resumed")
+        pod = self._own(self.kube.read("Pod", namespace, sm.object_name(spec.sandbox_id)),
+                        spec.sandbox_id)
+        if pod is not None:
+            if m.annotations_of(pod).get(m.PS_NAME_ANNOTATION) == ps_name:
+                return  # already restored (a redelivered resume)
+            raise RuntimeUnavailable(f"sandbox {spec.sandbox_id} still has the pod of before "
+                                     "its suspension; retry once it is released")
+        secret = self._own(self.kube.read("Secret", namespace,
+                                          sm.object_name(spec.sandbox_id)), spec.sandbox_id)
+        bundle = self._bucket(spec.bucket).blob(_object(spec, sm.BUNDLE_OBJECT))
+        if secret is None or not _reload(bundle) or not (bundle.metadata or {}).get("base-sha"):
+            raise RuntimeRefused(f"sandbox {spec.sandbox_id} lost its URLs or its bundle: it "
+                                 "cannot be resumed")
+        restored = sm.restored_pod(spec, str(bundle.metadata["base-sha"]), ps_name,
+                                   self.settings)
+        self.kube.apply(restored)
 
     def cancel(self, sandbox_id: str, *, team: str | None = None) -> None:
         """Delete the sandbox's Pod, Secret, policies and bundle (idempotent). A sandbox
@@ -255,11 +316,17 @@ class KubernetesSandboxRuntime:
                             sandbox_id)
             secret = self._own(self.kube.read("Secret", namespace,
                                               sm.object_name(sandbox_id)), sandbox_id)
-            if pod is None and secret is None:
+            if pod is None and secret is None and not self._triggers(namespace, sandbox_id):
                 continue
             if pod is not None and self.bus is not None and sm.pod_outcome(pod, None) is None:
                 self._report_cancelled(pod)
             delete_objects(self.kube, namespace, sandbox_id)
+            for trigger in self._triggers(namespace, sandbox_id):
+                created = m.trigger_outcome(trigger).name
+                if created:  # GKE deletes a deleted PodSnapshot's objects
+                    self.kube.delete("PodSnapshot", namespace, created)
+                self.kube.delete("PodSnapshotManualTrigger", namespace,
+                                 str(trigger["metadata"]["name"]))
             annotations = m.annotations_of(pod or secret or {})
             bucket, prefix = annotations.get(sm.ANN_BUCKET), annotations.get(sm.ANN_PREFIX)
             if bucket and prefix:
@@ -289,6 +356,26 @@ class KubernetesSandboxRuntime:
                       for ns in self.kube.list("Namespace", None, f"{m.MANAGED_BY}={m.STASIS}")
                       if m.is_managed(ns) and str(ns["metadata"].get("name", "")).startswith(
                           prefix) and ns["metadata"]["name"] != self.cluster.system_namespace)
+
+    def _triggers(self, namespace: str, sandbox_id: str) -> list[dict[str, Any]]:
+        return [t for t in self.kube.list("PodSnapshotManualTrigger", namespace,
+                                          sm.sandbox_labels_selector(sandbox_id))
+                if self._own(t, sandbox_id) is not None]
+
+    def _snapshot_of(self, namespace: str, sandbox_id: str) -> str | None:
+        """The PodSnapshot of the sandbox's latest completed suspension."""
+        best: tuple[int, str] | None = None
+        for trigger in self._triggers(namespace, sandbox_id):
+            outcome = m.trigger_outcome(trigger)
+            if outcome.state != "succeeded" or not outcome.name:
+                continue
+            snapshot = self.kube.read("PodSnapshot", namespace, outcome.name)
+            if snapshot is None or m.podsnapshot_outcome(snapshot).state != "succeeded":
+                continue
+            sequence = _int(m.annotations_of(trigger).get(sm.ANN_SEQUENCE))
+            if best is None or sequence > best[0]:
+                best = (sequence, outcome.name)
+        return best[1] if best else None
 
     @staticmethod
     def _own(obj: dict[str, Any] | None, sandbox_id: str) -> dict[str, Any] | None:
@@ -436,3 +523,10 @@ def _delete(bucket: Any, name: str) -> None:
     except Exception as exc:
         raise RuntimeUnavailable(f"Cloud Storage: deleting gs://{bucket.name}/{name} failed: "
                                  f"{exc}") from exc
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

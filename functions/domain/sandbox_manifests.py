@@ -55,7 +55,12 @@ from datetime import datetime
 from typing import Any
 
 from functions.domain.catalog import format_quantity
-from functions.domain.manifests import annotations_of
+from functions.domain.manifests import (
+    LABEL_METHOD,
+    PODSNAPSHOT_API,
+    PS_NAME_ANNOTATION,
+    annotations_of,
+)
 from functions.domain.sandboxes import RunSpec
 from functions.domain.sandboxes import Termination as T
 from functions.domain.slugs import name, slug
@@ -72,6 +77,8 @@ ANN_PREFIX = "stasis.dev/prefix"
 ANN_BASE_SHA = "stasis.dev/base-sha"
 ANN_NETWORK = "stasis.dev/network"
 ANN_MEMORY = "stasis.dev/memory-limit"
+ANN_SEQUENCE = "stasis.dev/suspension"
+ANN_IDLE_SECONDS = "stasis.dev/idle-seconds"
 SECRET_KEYS = ("bundle-url", "patch-url", "log-url", "status-url")
 #: Object names under the sandbox's result prefix.
 BUNDLE_OBJECT = "base.bundle"
@@ -275,9 +282,13 @@ def sandbox_pod(spec: RunSpec, base_sha: str,
                    ANN_NETWORK: network_description(spec, settings)}
     aliases = [{"ip": ip, "hostnames": list(hosts)}
                for ip, hosts in settings.transfer_host_aliases]
+    meta = _meta(spec, settings, annotations)
+    # Selected by the team's PodSnapshotPolicy (manual triggers only): an idle sandbox can
+    # be snapshotted and its Pod released (:func:`sandbox_snapshot_trigger`).
+    meta["labels"][LABEL_METHOD] = "pod"
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": _meta(spec, settings, annotations),
+        "metadata": meta,
         "spec": {
             **({"runtimeClassName": settings.runtime_class} if settings.runtime_class else {}),
             "automountServiceAccountToken": False,
@@ -592,3 +603,46 @@ def _unquote(text: str) -> str:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Idle suspension with GKE Pod Snapshots
+# --------------------------------------------------------------------------------------------
+
+
+def snapshot_trigger_name(sandbox_id: str, sequence: int) -> str:
+    return name("sandbox-", f"{sandbox_id}.{sequence}")
+
+
+def sandbox_snapshot_trigger(pod: Mapping[str, Any], *, sequence: int,
+                             idle_seconds: int) -> dict[str, Any]:
+    """Checkpoint an idle sandbox's Pod (its ``sequence``-th suspension). The Pod keeps
+    running after the checkpoint (the team's policy: ``postCheckpoint: resume``) until it
+    is released, so a failed snapshot never loses the sandbox."""
+    meta = pod.get("metadata") or {}
+    annotations = annotations_of(pod)
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != LABEL_METHOD}
+    return {"apiVersion": PODSNAPSHOT_API, "kind": "PodSnapshotManualTrigger",
+            "metadata": {
+                "name": snapshot_trigger_name(str(annotations.get(ANN_SANDBOX_ID)), sequence),
+                "namespace": meta.get("namespace"), "labels": labels,
+                "annotations": {ANN_SANDBOX_ID: str(annotations.get(ANN_SANDBOX_ID)),
+                                ANN_REQUESTID: str(annotations.get(ANN_REQUESTID) or ""),
+                                ANN_SEQUENCE: str(sequence),
+                                ANN_IDLE_SECONDS: str(idle_seconds)}},
+            "spec": {"targetPod": meta.get("name")}}
+
+
+def suspension_requestid(requestid: str, sequence: int) -> str:
+    """The requestid of a sandbox's n-th sandbox.suspended (one ledger entry each)."""
+    return f"{requestid}.suspend-{sequence}"
+
+
+def restored_pod(spec: RunSpec, base_sha: str, ps_name: str,
+                 settings: SandboxClusterSettings = SandboxClusterSettings()) -> dict[str, Any]:
+    """The sandbox's Pod again, identical but for ``podsnapshot.gke.io/ps-name``: GKE
+    restores it from that PodSnapshot (memory, root file system and emptyDirs) instead of
+    starting it fresh."""
+    pod = sandbox_pod(spec, base_sha, settings)
+    pod["metadata"]["annotations"][PS_NAME_ANNOTATION] = ps_name
+    return pod

@@ -617,7 +617,7 @@ def main() -> None:
                           else ProxySidecars(api_client, settings.agent_port))
     project = os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or ""
     bus = PubSubPublisher(project)
-    sandboxes = SandboxWatch.from_environment(cluster.pods, api_client, bus)
+    sandboxes = SandboxWatch.from_environment(cluster.pods, api_client, bus, snapshots=cluster)
     jobs = JobWatch.from_environment(api_client, bus)
     monitor = Monitor(cluster, bus, sidecars, settings=settings,
                       idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")),

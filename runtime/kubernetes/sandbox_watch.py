@@ -9,6 +9,10 @@ the collector's ``exit_status`` from Cloud Storage, lets ``sandbox_manifests.pod
 say what that means, measures the patch object (bytes, files), and publishes
 sandbox.finished with an id derived from the sandbox and its request.
 
+It also reports **sandbox.suspended** (method ``pod``) once the PodSnapshot of a
+sandbox's PodSnapshotManualTrigger (``KubernetesSandboxRuntime.suspend``) is Ready, with
+the requestid of that suspension (``<the sandbox's requestid>.suspend-<n>``).
+
 The monitor only reads, in the cluster and in the bucket (its ClusterRole gets, lists and
 watches): the control plane deletes the sandbox's objects and bundle as it records the
 end (``KubernetesSandboxRuntime.cancel``), whoever reported it, as for jobs.
@@ -25,7 +29,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from events import SandboxFinished, new_event
+from events import SandboxFinished, SandboxSuspended, new_event
 from functions.adapters.kube_api import KubeApi
 from functions.adapters.kubernetes_sandbox_runtime import SOURCE, finished_event_id
 from functions.domain import manifests as m
@@ -43,35 +47,84 @@ class Logs(Protocol):
                 limit_bytes: int | None = None) -> str: ...
 
 
+class Snapshots(Protocol):
+    """Pod Snapshot objects as the monitor reads them (``KubeCluster``)."""
+
+    def triggers(self) -> list[dict[str, Any]]: ...
+
+    def podsnapshot(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
 class SandboxWatch:
     def __init__(self, pods: Callable[[], list[dict[str, Any]]], logs: Logs, storage: Any,
-                 bus: Any) -> None:
+                 bus: Any, *, snapshots: Snapshots | None = None) -> None:
         """``pods``: every Stasis Pod of the cluster (``KubeCluster.pods``); ``logs``: a
         failed checkout's log (``KubeApi``); ``storage``: a ``google.cloud.storage.Client``;
-        ``bus``: where sandbox.finished goes."""
+        ``bus``: where the events go; ``snapshots``: triggers and PodSnapshots (None: a
+        cluster without Pod Snapshots)."""
         self.pods = pods
         self.logs = logs
         self.storage = storage
         self.bus = bus
+        self.snapshots = snapshots
         self._reported: set[str] = set()
 
     @classmethod
     def from_environment(cls, pods: Callable[[], list[dict[str, Any]]], api_client: Any,
-                         bus: Any) -> SandboxWatch:
+                         bus: Any, *, snapshots: Snapshots | None = None) -> SandboxWatch:
         from google.cloud import storage
 
         client = (storage.Client.create_anonymous_client()
                   if os.environ.get("STORAGE_EMULATOR_HOST")
                   else storage.Client(project=os.environ.get("STASIS_PROJECT") or None))
-        return cls(pods, KubeApi(api_client), client, bus)
+        return cls(pods, KubeApi(api_client), client, bus, snapshots=snapshots)
 
     def sync(self) -> bool:
-        """One pass over every sandbox Pod; True while one of them is still running."""
+        """One pass over every sandbox Pod and suspension; True while one is in flight."""
         busy = False
         for pod in self.pods():
             if sm.is_sandbox(pod):
                 busy |= self.observe(pod)
+        for trigger in self.snapshots.triggers() if self.snapshots is not None else []:
+            if sm.is_sandbox(trigger):
+                busy |= self.observe_suspension(trigger)
         return busy
+
+    def observe_suspension(self, trigger: Mapping[str, Any]) -> bool:
+        """Report a sandbox's snapshot once it is Ready (once); True while it is taken."""
+        assert self.snapshots is not None
+        annotations = m.annotations_of(trigger)
+        sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
+        sequence = _int(annotations.get(sm.ANN_SEQUENCE))
+        requestid = sm.suspension_requestid(str(annotations.get(sm.ANN_REQUESTID) or ""),
+                                            sequence)
+        event_id = finished_event_id(sandbox_id, requestid)
+        if not sandbox_id or event_id in self._reported:
+            return False
+        outcome = m.trigger_outcome(trigger)
+        if outcome.state == "pending" or (outcome.state == "succeeded" and not outcome.name):
+            return True
+        snapshot = None
+        if outcome.state == "succeeded" and outcome.name:
+            namespace = str((trigger.get("metadata") or {}).get("namespace") or "")
+            snapshot = self.snapshots.podsnapshot(namespace, outcome.name)
+            if snapshot is None or m.podsnapshot_outcome(snapshot).state == "pending":
+                return True
+        if snapshot is None or m.podsnapshot_outcome(snapshot).state == "failed":
+            # The Pod keeps running (postCheckpoint: resume): nothing was suspended.
+            log.warning("snapshot %s of sandbox %s failed: %s", sequence, sandbox_id,
+                        outcome.message or m.podsnapshot_outcome(snapshot or {}).message)
+            self._reported.add(event_id)
+            return False
+        uri = m.podsnapshot_outcome(snapshot).uri or "no URI yet"
+        payload = SandboxSuspended(
+            sandbox_id=sandbox_id, idle_seconds=_int(annotations.get(sm.ANN_IDLE_SECONDS)),
+            sequence=sequence, method="pod",
+            detail=f"Pod Snapshot {outcome.name} ({uri}); the pod runs until it is released")
+        self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid, id=event_id))
+        self._reported.add(event_id)
+        log.info("sandbox %s suspended (%d)", sandbox_id, sequence)
+        return False
 
     def observe(self, pod: Mapping[str, Any]) -> bool:
         """Report one Pod's end (once); True while it runs."""
@@ -131,3 +184,10 @@ class SandboxWatch:
 def _read(bucket: Any, name: str) -> bytes | None:
     blob = bucket.get_blob(name)
     return None if blob is None else bytes(blob.download_as_bytes())
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

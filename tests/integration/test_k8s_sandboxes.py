@@ -44,7 +44,7 @@ from functions.adapters.kubernetes_sandbox_runtime import (
 )
 from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
-from functions.ports import RuntimeRefused
+from functions.ports import RuntimeRefused, RuntimeUnavailable
 from runtime.kubernetes.monitor import KubeCluster
 from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import PubSubPublisher
@@ -128,13 +128,14 @@ def bucket(emulator_env: dict[str, str]) -> storage.Bucket:
 
 
 class Finished:
-    """sandbox.finished as the control plane would receive it: a pull subscription."""
+    """An event as the control plane would receive it: a pull subscription to its topic."""
 
-    def __init__(self, project: str) -> None:
+    def __init__(self, project: str, name: str = "sandbox.finished") -> None:
         self.subscriber = pubsub_v1.SubscriberClient()
-        topic = f"projects/{project}/topics/{events.spec_for('sandbox.finished').topic}"
+        topic = f"projects/{project}/topics/{events.spec_for(name).topic}"
         pubsub_v1.PublisherClient().create_topic(request={"name": topic})
-        self.subscription = self.subscriber.subscription_path(project, "test-sandbox-finished")
+        self.subscription = self.subscriber.subscription_path(
+            project, f"test-{name.replace('.', '-')}")
         self.subscriber.create_subscription(request={"name": self.subscription,
                                                      "topic": topic})
 
@@ -194,8 +195,9 @@ def runtime(cluster: EmulatedCluster, bucket: storage.Bucket, emulators: Any,
 @pytest.fixture
 def watch(cluster: EmulatedCluster, bucket: storage.Bucket,
           emulator_env: dict[str, str]) -> SandboxWatch:
-    return SandboxWatch(KubeCluster(cluster.api_client).pods, KubeApi(cluster.api_client),
-                        bucket.client, PubSubPublisher(emulator_env["STASIS_PROJECT"]))
+    kube = KubeCluster(cluster.api_client)
+    return SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
+                        PubSubPublisher(emulator_env["STASIS_PROJECT"]), snapshots=kube)
 
 
 def spec_for(repo: Repo, bucket: storage.Bucket, sandbox_id: str = "sbx-1", *,
@@ -294,6 +296,8 @@ def test_start_bundles_the_base_commit_and_applies_policies_before_the_pod(
     urls = secret["stringData"]
     assert set(urls) == set(sm.SECRET_KEYS)
     for key, (obj, _method, _type) in sm.URL_OBJECTS.items():
+        # It may be suspended (idle_seconds): its URLs outlive a suspension (7 days).
+        assert "X-Goog-Expires=604800&" in urls[key]
         assert urls[key].startswith(f"{os.environ['STORAGE_EMULATOR_HOST']}/{bucket.name}/"
                                     f"{spec.prefix}/{obj}?")
         assert "X-Goog-Signature=" in urls[key] and "X-Goog-Algorithm=GOOG4-RSA-SHA256" in urls[key]
@@ -579,3 +583,114 @@ def test_the_task_script_stops_a_task_at_its_wall_clock(
     assert sm.pod_outcome({**pod, "status": {"phase": "Succeeded"}}, status) == sm.PodOutcome(
         "wall_clock_exceeded", 124, "the task ran past its wall clock of 1 s and was stopped")
     assert (root / "results" / "log.txt").read_text() == "started\n"
+
+
+# -- idle suspension: GKE Pod Snapshots --------------------------------------------------------
+
+GROUP, VERSION = "podsnapshot.gke.io", "v1"
+
+
+def gke_completes_snapshot(cluster: EmulatedCluster, trigger_name: str) -> str:
+    """Play GKE's Pod Snapshot controller: a PodSnapshot for the trigger, then Ready."""
+    api = client.CustomObjectsApi(cluster.api_client)
+    ps_name = f"ps-{trigger_name}"
+    api.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "podsnapshots", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "PodSnapshot",
+        "metadata": {"name": ps_name, "namespace": NAMESPACE,
+                     "labels": {"gke-pod-snapshot-triggered-by": trigger_name}},
+        "spec": {"policyName": "stasis-pod-snapshots"}})
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NAMESPACE, "podsnapshotmanualtriggers", trigger_name,
+        {"status": {"conditions": [{"type": "Triggered", "status": "True",
+                                    "reason": "Complete", "message": "",
+                                    "lastTransitionTime": "2026-01-01T00:10:00Z"}],
+                    "snapshotCreated": {"name": ps_name}}})
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NAMESPACE, "podsnapshots", ps_name,
+        {"status": {"conditions": [{"type": "Ready", "status": "True",
+                                    "reason": "AllSnapshotsAvailable", "message": "",
+                                    "lastTransitionTime": "2026-01-01T00:10:05Z"}],
+                    "storageStatus": {"gcs": {"observedGCSPath":
+                                              f"gs://b/snapshots/ml-a/pod/{ps_name}"}}}})
+    return ps_name
+
+
+@pytest.fixture
+def suspended(emulator_env: dict[str, str]) -> Finished:
+    return Finished(emulator_env["STASIS_PROJECT"], "sandbox.suspended")
+
+
+def test_an_idle_sandbox_is_snapshotted_released_and_restored(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, suspended: Finished, finished: Finished) -> None:
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    kubelet(cluster, spec, {"phase": "Running"})
+    with pytest.raises(RuntimeRefused, match="no completed Pod Snapshot"):
+        runtime.release(spec.sandbox_id, team=TEAM)
+    with pytest.raises(RuntimeRefused, match="cannot be resumed"):
+        runtime.resume(spec)
+    original = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    assert original is not None
+
+    runtime.suspend(spec.sandbox_id, team=TEAM, sequence=1, idle_seconds=600)
+    runtime.suspend(spec.sandbox_id, team=TEAM, sequence=1, idle_seconds=600)  # redelivered
+    api = KubeApi(cluster.api_client)
+    [trigger] = api.list("PodSnapshotManualTrigger", NAMESPACE)
+    assert trigger["spec"] == {"targetPod": sm.object_name(spec.sandbox_id)}
+    policy = api.read("PodSnapshotPolicy", NAMESPACE, "stasis-pod-snapshots")
+    assert policy is not None  # the team's policy selects the sandbox's Pod
+    selector = policy["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= original["metadata"]["labels"].items()
+    assert watch.sync() is True and suspended.none_pending()  # the snapshot is being taken
+
+    ps_name = gke_completes_snapshot(cluster, trigger["metadata"]["name"])
+    assert watch.sync() is True  # the sandbox's Pod still runs
+    [event] = suspended.pull()
+    assert event.requestid == f"{spec.requestid}.suspend-1"
+    payload = event.payload
+    assert (payload.sandbox_id, payload.method, payload.sequence, payload.idle_seconds) == (
+        spec.sandbox_id, "pod", 1, 600)
+    assert ps_name in payload.detail
+    watch.sync()
+    assert suspended.none_pending()  # reported once
+
+    with pytest.raises(RuntimeUnavailable, match="still has the pod"):
+        runtime.resume(spec)
+    runtime.release(spec.sandbox_id, team=TEAM)
+    assert ("Pod", sm.object_name(spec.sandbox_id)) not in sandbox_objects(cluster)
+    assert ("Secret", sm.object_name(spec.sandbox_id)) in sandbox_objects(cluster)
+    assert sm.BUNDLE_OBJECT in names(bucket, spec)
+
+    runtime.resume(spec)
+    restored = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    assert restored is not None
+    assert restored["metadata"]["annotations"].pop("podsnapshot.gke.io/ps-name") == ps_name
+    assert restored["spec"] == original["spec"]  # GKE restores only an identical Pod
+    assert restored["metadata"]["annotations"] == original["metadata"]["annotations"]
+    before = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
+    runtime.resume(spec)  # redelivered: nothing changes
+    assert read(cluster, "Pod", sm.object_name(spec.sandbox_id)) == before
+
+    # The restored task ends like any other; cancel then removes the snapshots too.
+    collector(bucket, spec, "0 exited", PATCH)
+    kubelet(cluster, spec, {"phase": "Succeeded"})
+    watch.sync()
+    [done] = finished.pull()
+    assert done.payload.termination == "exited" and done.requestid == spec.requestid
+    runtime.cancel(spec.sandbox_id, team=TEAM)
+    assert sandbox_objects(cluster) == []
+    assert api.list("PodSnapshotManualTrigger", NAMESPACE) == []
+    assert api.list("PodSnapshot", NAMESPACE) == []
+
+
+def test_a_sandbox_that_never_suspends_gets_short_lived_urls(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, repo: Repo,
+        bucket: storage.Bucket) -> None:
+    spec = dataclasses.replace(spec_for(repo, bucket),
+                               limits=dataclasses.replace(DEFAULT_LIMITS, idle_seconds=0))
+    runtime.start(spec)
+    secret = read(cluster, "Secret", sm.object_name(spec.sandbox_id))
+    assert secret is not None
+    for url in secret["stringData"].values():
+        assert "X-Goog-Expires=4500&" in url  # the wall clock (900 s) and an hour

@@ -119,3 +119,16 @@ def test_the_pod_keeps_its_private_volume_and_dns_from_the_task() -> None:
         sm.SandboxClusterSettings(), runtime_class=None, transfer_host_aliases=()))
     assert "runtimeClassName" not in bare["spec"] and "hostAliases" not in bare["spec"]
     assert sm.network_description(SPEC).startswith("none: default-deny NetworkPolicy")
+
+
+def test_a_suspension_snapshots_the_pod_and_the_restored_pod_is_identical() -> None:
+    trigger = sm.sandbox_snapshot_trigger({**POD, "metadata": {**POD["metadata"]}},
+                                          sequence=2, idle_seconds=600)
+    assert trigger["kind"] == "PodSnapshotManualTrigger"
+    assert trigger["spec"] == {"targetPod": sm.object_name("sbx-7")}
+    assert trigger["metadata"]["name"] != sm.snapshot_trigger_name("sbx-7", 1)
+    assert trigger["metadata"]["annotations"][sm.ANN_SEQUENCE] == "2"
+    assert sm.suspension_requestid("req-7", 2) == "req-7.suspend-2"
+    restored = sm.restored_pod(SPEC, "b" * 40, "ps-1")
+    assert restored["metadata"]["annotations"].pop("podsnapshot.gke.io/ps-name") == "ps-1"
+    assert restored == POD
