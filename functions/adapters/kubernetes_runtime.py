@@ -88,6 +88,10 @@ class KubernetesRuntime:
             pod_snapshot_retention=env("STASIS_K8S_POD_SNAPSHOT_RETENTION") or None,
             function_cidrs=tuple(c.strip() for c in env("STASIS_K8S_FUNCTION_CIDRS", "")
                                  .split(",") if c.strip()),
+            # what a notebook needs to submit scale-out jobs (stasis.jobs)
+            workspace_env={k: v for k, v in {
+                "STASIS_PROJECT": env("STASIS_PROJECT") or env("GOOGLE_CLOUD_PROJECT") or "",
+                "STASIS_SNAPSHOT_BUCKET": env("STASIS_SNAPSHOT_BUCKET") or ""}.items() if v},
         )
         subject = env("STASIS_K8S_SUBJECT")
         return cls(settings=settings, catalog=catalog,

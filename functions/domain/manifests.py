@@ -158,6 +158,9 @@ class ClusterSettings:
     #: Extra environment of the snapshot agent (e.g. ``STORAGE_EMULATOR_HOST`` on a test
     #: cluster; the agent hands it to the kernels it snapshots).
     agent_env: Mapping[str, str] = field(default_factory=dict)
+    #: Extra environment of the IDE container and so of its kernels: ``STASIS_PROJECT`` and
+    #: ``STASIS_SNAPSHOT_BUCKET``, which ``stasis.jobs`` needs to submit a job from a notebook.
+    workspace_env: Mapping[str, str] = field(default_factory=dict)
     #: Where deployed functions' Direct VPC egress comes from (the subnet's primary
     #: range): the links proxy reaches the IDE port from there.
     function_cidrs: tuple[str, ...] = ()
@@ -615,7 +618,10 @@ def _workspace_container(shape: WorkspaceShape, settings: ClusterSettings,
            {"name": "PYTHONUSERBASE", "value": f"{HOME}/.local"},
            {"name": "PIP_USER", "value": "1"},
            {"name": "PIP_CACHE_DIR", "value": f"{HOME}/.cache/pip"},
-           {"name": "STASIS_WORKSPACE_ID", "value": shape.workspace_id}]
+           {"name": "STASIS_WORKSPACE_ID", "value": shape.workspace_id},
+           # stasis.jobs in a kernel: a job here is a JobSet the control plane starts
+           {"name": "STASIS_RUNTIME", "value": "kubernetes"},
+           *({"name": k, "value": v} for k, v in sorted(settings.workspace_env.items()))]
     if shape.ide_kind == "vscode":
         command = ["code-server"]
         args = ["--bind-addr", f"0.0.0.0:{port}", "--auth", "password",

@@ -214,3 +214,24 @@ def test_tpu_jobset_keeps_the_slice_annotation() -> None:
     obj = js.jobset(js.JobSpec("job-1", "ml-a", "stasis-ml-a", "img", js.HOST_COMMAND, tpu, 1))
     assert obj["metadata"]["annotations"] == {  # type: ignore[index]
         "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+
+
+def test_a_workspace_pod_tells_its_kernels_how_to_submit_jobs() -> None:
+    """``stasis.jobs`` in a workspace on the cluster picks the kubernetes path and finds
+    the control plane and the bucket in the kernel's environment."""
+    from functions.domain import admission
+    from functions.domain import manifests as m
+
+    settings = m.ClusterSettings(workspace_env={"STASIS_PROJECT": "p",
+                                                "STASIS_SNAPSHOT_BUCKET": "b"})
+    entry = CATALOG.ides["jupyterlab"]
+    shape = m.shape_of(workspace_id="ml-a--nb", team="ml-a", owner="alice", ide="jupyterlab",
+                       environment=admission.environment_of(CATALOG, "python-3-11"),
+                       profile=admission.profile_of(CATALOG, "cpu-small"), settings=settings,
+                       ide_kind=str(entry.kind), ide_image=entry.image,
+                       disk={"size": "10Gi", "storage_class": "standard-rwo-cmek"})
+    pod = m.workspace_pod(shape, settings, requestid="r", requested_at_ms=1)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert (env["STASIS_RUNTIME"], env["STASIS_PROJECT"], env["STASIS_SNAPSHOT_BUCKET"]) == (
+        "kubernetes", "p", "b")
+    kubernetes_validate.validate(pod, "1.35", strict=True)
