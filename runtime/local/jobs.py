@@ -206,7 +206,7 @@ class LocalJob:
                 break
             time.sleep(0.02)
         if failed and self.state == "RUNNING":
-            _, self.failed_host, self.exit_status = min(failed)
+            _, self.failed_host, self.exit_status = min(self._first_failures(failed))
         for reader in self._readers:
             reader.join(timeout=5)
         with self._cond:
@@ -228,6 +228,19 @@ class LocalJob:
         with self._cond:
             self._done.set()
             self._cond.notify_all()
+
+    def _first_failures(self, failed: list[tuple[float, int, int]]
+                        ) -> list[tuple[float, int, int]]:
+        """When each failed host failed: the moment it noted itself (``failed-N``, written
+        before it exits, so before any peer can notice its absence), else the moment its
+        exit was seen here (a host killed outright). Seeing exits here is not enough: on a
+        busy machine a peer's exit may be seen first. Both clocks are CLOCK_MONOTONIC."""
+        out = []
+        for seen, rank, code in failed:
+            with contextlib.suppress(OSError, ValueError):
+                seen = min(seen, float((self.dir / f"failed-{rank}").read_text()))
+            out.append((seen, rank, code))
+        return out
 
     @staticmethod
     def _kill(procs: Any) -> None:
@@ -369,6 +382,8 @@ def _host_main(argv: Sequence[str] | None = None) -> int:
             dist.destroy_process_group()
         _jax_shutdown()
     except BaseException:
+        with contextlib.suppress(OSError):  # the job's verdict: who failed first
+            (Path(ns.out) / f"failed-{rank}").write_text(repr(time.monotonic()))
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
