@@ -5,8 +5,9 @@ fake-gcs-server (``job_pods``: the pods' DNS names are 127.0.0.1 here, the rende
 free ones).
 
 A torch all-reduce over gloo with 1 and 4 hosts gives the right sum, every host's lines
-are in its log chunks, host 0's result is stored; one failing host exits non-zero and
-leaves its traceback and exit record.
+are in its log chunks, host 0's result is stored; a JAX psum over 2 hosts
+(``framework="jax"`` in the job's settings) joins from the same environment; one failing
+host exits non-zero and leaves its traceback and exit record.
 """
 
 from __future__ import annotations
@@ -56,13 +57,28 @@ def gcs(emulator_env: dict[str, str]) -> Any:
     return store, bucket, emulator_env
 
 
+def psum_jax(base: int) -> float:
+    import jax
+    import jax.numpy as jnp  # the host joined jax.distributed before this runs
+
+    rank = jax.process_index()
+    total = jax.pmap(lambda v: jax.lax.psum(v, "h"), axis_name="h")(
+        jnp.array([float(base + rank)]))
+    print(f"process {rank} of {jax.process_count()} psum {float(total[0])}", flush=True)
+    return float(total[0])
+
+
 def run_hosts(gcs: Any, job_id: str, hosts: int, extra: dict[str, str] | None = None,
-                scale: int = 10) -> tuple[list[subprocess.Popen[bytes]], str]:
+              scale: int = 10, fn: Any = all_reduce,
+              framework: str | None = None) -> tuple[list[subprocess.Popen[bytes]], str]:
     store, bucket, emulator_env = gcs
     prefix = js.job_prefix("ml-a", job_id)
     # as stasis.jobs ships it: this module is the notebook's "home" and travels by value
     store.put_bytes(bucket, f"{prefix}/{js.PAYLOAD}",
-                    payload_bytes(all_reduce, (scale,), {}, HERE), "application/octet-stream")
+                    payload_bytes(fn, (scale,), {}, HERE), "application/octet-stream")
+    if framework:
+        store.put_bytes(bucket, f"{prefix}/{js.JOB_SETTINGS}",
+                        json.dumps({"framework": framework}).encode(), "application/json")
     spec = js.JobSpec(job_id=job_id, team="ml-a", namespace="stasis-ml-a",
                       image="python:3.11", command=js.HOST_COMMAND,
                       profile=CATALOG.profiles["cpu-small"], hosts=hosts,
@@ -93,6 +109,17 @@ def test_hosts_form_one_system_and_ship_their_logs(gcs: Any, hosts: int) -> None
         record = json.loads(store.get_bytes(bucket, f"{prefix}/{js.exit_record(host)}"))
         assert record["exit_status"] == 0 and record["host"] == host
     assert not [n for n in store.list_objects(bucket, prefix) if "traceback" in n]
+
+
+def test_jax_hosts_join_from_the_jobset_environment(gcs: Any) -> None:
+    pytest.importorskip("jax")
+    procs, prefix = run_hosts(gcs, "job-jax", 2, scale=10, fn=psum_jax, framework="jax")
+    codes = [p.wait(timeout=240) for p in procs]
+    assert codes == [0, 0], [logs(gcs, prefix, h) for h in range(2)]
+    store, bucket, _ = gcs
+    assert cloudpickle.loads(store.get_bytes(bucket, f"{prefix}/{js.RESULT}")) == 21.0
+    for host in range(2):
+        assert f"process {host} of 2 psum 21.0" in logs(gcs, prefix, host)
 
 
 def test_a_failing_host_exits_non_zero_with_its_traceback(gcs: Any) -> None:
