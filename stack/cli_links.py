@@ -97,7 +97,7 @@ def link_list(name: str | None, team: str | None, all_: bool, as_user: str | Non
     if not rows:
         click.echo("no links")
     for row in rows:
-        click.echo(f"{row['link_id']}  {row['workspace_id']:<22} {row['scope']:<5} "
+        click.echo(f"{row['link_id']}  {row['workspace_id']:<22} {row['scope']:<7} "
                    f"{row['status']:<8} {row['creator']:<8} expires {row['expires_at']}  "
                    f"uses {row['uses']}")
 
