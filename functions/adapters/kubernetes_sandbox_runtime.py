@@ -81,6 +81,7 @@ SOURCE = "//stasis/runtime/kubernetes"
 GIT_PROTOCOLS = ("https", "http", "ssh", "git")
 GIT_TIMEOUT_S = 300.0
 _SCP_LIKE = re.compile(r"^(?:[\w.-]+@)?[\w.-]+:(?!//)[^\s]+$")
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
 _SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
 #: Kinds of a sandbox's objects, deleted Pod first (it stops using the Secret).
 OBJECT_KINDS = ("Pod", "Secret", "NetworkPolicy", "FQDNNetworkPolicy")
@@ -153,6 +154,12 @@ class GcsUrlSigner:
         return self._credentials
 
 
+def redacted(text: str) -> str:
+    """``text`` without the credentials of a URL in it (``https://user:token@host``): it
+    goes to the sandbox's record and to chat."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def git_url_problem(repository: str) -> str | None:
     """Why the cluster cannot run a sandbox of ``repository`` (None: a usable URL)."""
     scheme = urlsplit(repository).scheme.lower()
@@ -161,10 +168,10 @@ def git_url_problem(repository: str) -> str | None:
     if not scheme and _SCP_LIKE.match(repository) and not repository.startswith(("/", ".")):
         return None  # git@github.com:org/repo.git
     if scheme and scheme not in ("file",) and "://" in repository:
-        return (f"repository {repository!r} uses {scheme}://, which sandboxes on the "
+        return (f"repository {redacted(repository)!r} uses {scheme}://, which sandboxes on the "
                 f"Kubernetes runtime do not fetch; use {', '.join(GIT_PROTOCOLS)} or "
                 "user@host:path")
-    return (f"repository {repository!r} is a local path; sandboxes on the Kubernetes "
+    return (f"repository {redacted(repository)!r} is a local path; sandboxes on the Kubernetes "
             "runtime need a git URL the control plane can fetch (https://..., ssh://... or "
             "git@host:org/repo.git): push the branch and pass its URL")
 
@@ -408,14 +415,15 @@ class KubernetesSandboxRuntime:
                 return str(sha)
         with tempfile.TemporaryDirectory(prefix="stasis-bundle-") as tmp:
             repo = Path(tmp) / "repo.git"
+            shown = redacted(spec.repository)
             self._git(["clone", "--bare", "--quiet", "--", spec.repository, str(repo)],
-                      what=f"cloning {spec.repository}")
+                      what=f"cloning {shown}")
             sha = self._git(["rev-parse", "--verify", "--quiet", "--end-of-options",
                              f"{spec.base_ref}^{{commit}}"], cwd=repo,
-                            what=f"base ref {spec.base_ref!r} of {spec.repository}",
+                            what=f"base ref {spec.base_ref!r} of {shown}",
                             refused=True).strip()
             if not _SHA.match(sha):
-                raise RuntimeRefused(f"base ref {spec.base_ref!r} of {spec.repository} did "
+                raise RuntimeRefused(f"base ref {spec.base_ref!r} of {shown} did "
                                      f"not resolve to a commit ({sha!r})")
             self._git(["update-ref", "refs/heads/stasis-base", sha], cwd=repo, what="bundle")
             self._git(["symbolic-ref", "HEAD", "refs/heads/stasis-base"], cwd=repo,
@@ -452,7 +460,8 @@ class KubernetesSandboxRuntime:
             raise RuntimeUnavailable(f"{what}: git took more than {GIT_TIMEOUT_S:g} s") \
                 from exc
         if done.returncode != 0:
-            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            lines = [redacted(line) for line in done.stderr.strip().splitlines()
+                     if line.strip()]
             why = lines[-1] if lines else f"exit status {done.returncode}"
             if refused or args[0] == "clone":
                 # A wrong URL, a private repository or an unknown ref: retrying won't help.

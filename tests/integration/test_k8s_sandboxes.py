@@ -353,6 +353,11 @@ def test_an_unknown_base_ref_is_refused(runtime: KubernetesSandboxRuntime, repo:
         runtime.start(spec_for(repo, bucket, base_ref="no-such-branch"))
     with pytest.raises(RuntimeRefused, match=r"cloning http://127\.0\.0\.1"):
         runtime.start(spec_for(repo, bucket, repository=repo.url.replace("calc", "nothing")))
+    # A token in the URL never reaches the message (the sandbox's record, chat).
+    with pytest.raises(RuntimeRefused) as refused:
+        runtime.start(spec_for(repo, bucket, repository=repo.url.replace(
+            "http://", "http://bot:s3cr3t@").replace("calc", "nothing")))
+    assert "s3cr3t" not in str(refused.value) and "http://***@127.0.0.1" in str(refused.value)
     assert runtime.kube.applied == []  # type: ignore[attr-defined]
 
 
