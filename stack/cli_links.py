@@ -1,9 +1,10 @@
-"""`stasis link create|list|revoke` and `stasis exec --link URL`.
+"""`stasis link create|list|revoke`, `stasis exec --link URL` and `stasis link sandbox`.
 
 Links are issued by the ``links`` function (the CLI is one of its clients, chat another):
 the CLI never sees Firestore for them, and the token exists only in the function's answer.
-`stasis exec` needs nothing but the link: pass it with ``--link`` or, better (a command
-line is visible to every user of the machine in ``ps``), in ``STASIS_LINK``.
+`stasis exec` and `stasis link sandbox` (an agent handing a task to a sandbox of the
+team) need nothing but the link: pass it with ``--link`` or, better (a command line is
+visible to every user of the machine in ``ps``), in ``STASIS_LINK``.
 
 Registered by one import at the end of ``stack/cli.py``.
 """
@@ -141,3 +142,92 @@ def exec_command(link_url: str, script: Any, notebook: str | None, kernel_id: st
     sys.exit(link_client.run(link_url, source, notebook=notebook, kernel_id=kernel_id,
                              timeout=timeout, verbose=verbose))
 
+
+
+_ENDED = ("SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED")
+
+
+@link.command("sandbox")
+@click.option("--link", "link_url", envvar="STASIS_LINK", required=True,
+              help="The link URL (or STASIS_LINK); scope exec or sandbox.")
+@click.option("--repo", "repository", required=True,
+              help="A git URL, or a path on the runtime's host.")
+@click.option("--command", "command", required=True, help="Run with /bin/sh -c in the copy.")
+@click.option("--base", "base_ref", default="HEAD", show_default=True)
+@click.option("--allow-network", "allowed", multiple=True,
+              help="A destination the task may reach (repeatable); none by default.")
+@click.option("--cpu-seconds", type=int, default=None, help="Default: the team's policy.")
+@click.option("--memory", default=None, help="e.g. 2Gi. Default: the team's policy.")
+@click.option("--timeout", "wall_clock", type=int, default=None,
+              help="Wall clock seconds. Default: the team's policy.")
+@click.option("--id", "sandbox_id", default=None,
+              help="Sandbox id (a retry with the same id is the same request).")
+@click.option("--wait", is_flag=True, help="Follow it to its end and print the patch.")
+@click.option("--wait-timeout", type=float, default=3600.0, show_default=True)
+def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
+                 allowed: tuple[str, ...], cpu_seconds: int | None, memory: str | None,
+                 wall_clock: int | None, sandbox_id: str | None, wait: bool,
+                 wait_timeout: float) -> None:
+    """As an agent holding a link: run COMMAND in a sandbox of the workspace's team (as the
+    link's creator). Prints the sandbox id; with --wait, the patch on stdout (progress on
+    stderr). Exit 0 succeeded, 1 the task failed, 3 link or request refused, 4 unavailable.
+    Nothing is applied: `git apply` the patch yourself."""
+    import time
+
+    from functions.domain.links import parse_link_url
+    from stack import link_client
+
+    try:
+        address = parse_link_url(link_url)
+    except ValueError as exc:
+        raise click.UsageError(f"--link: {exc}") from None
+    session = requests.Session()
+    session.trust_env = False
+    session.headers.update(link_client.auth_headers(address))
+    url = f"{address.workspace_url}/stasis/sandboxes"
+    limits = {k: v for k, v in (("cpu_seconds", cpu_seconds), ("memory", memory),
+                                ("wall_clock_seconds", wall_clock)) if v is not None}
+    body: dict[str, Any] = {"repository": repository, "command": command,
+                            "base_ref": base_ref, "limits": limits,
+                            "allowed_network": list(dict.fromkeys(allowed))}
+    if sandbox_id:
+        body["sandbox_id"] = sandbox_id
+
+    def call(method: str, path: str = "", **kwargs: Any) -> Any:
+        try:
+            response = session.request(method, url + path, timeout=60, **kwargs)
+            answer = response.json()
+        except (requests.RequestException, ValueError) as exc:
+            click.echo(f"the proxy did not answer ({exc})", err=True)
+            sys.exit(link_client.EXIT_UNAVAILABLE)
+        if response.status_code >= 400:
+            click.echo(f"refused ({response.status_code} {answer.get('error')}): "
+                       f"{answer.get('message')}", err=True)
+            sys.exit(link_client.EXIT_UNAVAILABLE if response.status_code >= 500
+                     else link_client.EXIT_REFUSED)
+        return answer
+
+    started = call("POST", json=body)
+    sandbox_id = str(started["sandbox_id"])
+    click.echo(f"{sandbox_id}: {started.get('state')} — {started.get('message')}", err=True)
+    if not wait:
+        click.echo(sandbox_id)
+        return
+    deadline = time.monotonic() + wait_timeout
+    seen = (started.get("state"), started.get("queue_position"))
+    while True:
+        view = call("GET", f"/{sandbox_id}")
+        if (view.get("state"), view.get("queue_position")) != seen:
+            seen = (view.get("state"), view.get("queue_position"))
+            click.echo(f"{sandbox_id}: {view.get('state')} — {view.get('message')}", err=True)
+        if view.get("state") in _ENDED:
+            break
+        if time.monotonic() > deadline:
+            click.echo(f"{sandbox_id} has not ended after {wait_timeout:g} s", err=True)
+            sys.exit(link_client.EXIT_UNAVAILABLE)
+        time.sleep(1.0)
+    if view.get("patch_truncated"):
+        click.echo(f"the patch is larger than the proxy returns inline: "
+                   f"`stasis sandbox show {sandbox_id}`", err=True)
+    click.echo(view.get("patch") or "", nl=False)
+    sys.exit(0 if view.get("state") == "SUCCEEDED" else 1)

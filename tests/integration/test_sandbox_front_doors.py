@@ -424,3 +424,30 @@ def test_a_silent_running_sandbox_is_ended_runtime_lost_and_the_queue_moves_on(
         m["text"] for m in messages][:1]
     assert "ended *FAILED*: lost: the runtime stopped reporting" in messages[0]["text"]
     assert plane.bus.notified.count("chat.postMessage") == 1
+
+
+def test_stasis_link_sandbox_needs_nothing_but_the_link(plane: Plane, repo: Path,
+                                                       tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from stack.cli import main
+
+    link = _link(plane, "sandbox")
+    runner = CliRunner()
+    env = {"STASIS_LINK": link["url"], "STASIS_IAP_TOKEN": ""}
+    done = runner.invoke(main, ["link", "sandbox", "--repo", str(repo), "--base", "main",
+                                "--command", FIX, "--wait", "--id", "sbx-cli-agent"], env=env)
+    assert done.exit_code == 0, done.output
+    assert "sbx-cli-agent: RUNNING" in done.stderr and "SUCCEEDED" in done.stderr
+    assert applies_and_passes(repo, done.stdout, tmp_path)
+    again = runner.invoke(main, ["link", "sandbox", "--repo", str(repo), "--command", FIX,
+                                 "--id", "sbx-cli-agent"], env=env)
+    assert again.exit_code == 0 and again.stdout.strip() == "sbx-cli-agent"  # one request
+    refused = runner.invoke(main, ["link", "sandbox", "--repo", str(repo), "--command", FIX,
+                                   "--memory", "64Gi"], env=env)
+    assert refused.exit_code == 3 and "memory 64Gi > 8Gi" in refused.stderr
+    requests.delete(f"{plane.url}/links/{link['link_id']}", headers={"X-Stasis-User": "bob"},
+                    timeout=30)
+    revoked = runner.invoke(main, ["link", "sandbox", "--repo", str(repo), "--command", FIX],
+                            env=env)
+    assert revoked.exit_code == 3 and "revoked" in revoked.stderr
