@@ -6,6 +6,8 @@ pass, woken early by a watch on JobSets). For every Stasis JobSet
 
 - still running, but a host's pod will never start (an image that cannot be pulled, a
   bad config): the job failed to start;
+- gone while this watcher saw it running (deleted by hand): the job is lost
+  (``runtime_lost``; a JobSet that went away while the monitor was down is not noticed);
 - ``Completed`` or ``Failed`` (``status.terminalState`` or its conditions, as the JobSet
   controller sets them): which host failed first comes from the hosts' exit records in the
   bucket (millisecond times, written by ``runtime.kubernetes.job_host``), else from the
@@ -74,6 +76,8 @@ class JobWatch:
                  clock: Callable[[], float] = time.time) -> None:
         self.kube, self.bus, self.objects, self.clock = kube, bus, objects, clock
         self._reported: set[str] = set()
+        #: JobSets seen running, by report key: (job id, the job's URI).
+        self._running: dict[str, tuple[str, str]] = {}
 
     @classmethod
     def from_environment(cls, api_client: Any, bus: Publisher) -> JobWatch:
@@ -85,12 +89,36 @@ class JobWatch:
     def sync(self) -> bool:
         """One pass over every JobSet; True while a job is still running."""
         busy = False
+        present = set()
         for obj in self.kube.list("JobSet", None, f"{m.MANAGED_BY}={m.STASIS}"):
             meta = obj.get("metadata") or {}
-            if not m.is_managed(obj) or meta.get("deletionTimestamp"):
+            if not m.is_managed(obj):
+                continue
+            present.add(_key(obj))
+            if meta.get("deletionTimestamp"):
                 continue
             busy |= self.observe(obj)
+        self._vanished(present)
         return busy
+
+    def _vanished(self, present: set[str]) -> None:
+        """A JobSet seen running that is gone without having ended (deleted by hand, or by
+        its TTL while the monitor was down): its job is lost. Same requestid as any other
+        report of its end: if the control plane already recorded one (a cancel deletes the
+        JobSet), the ledger absorbs this."""
+        for key, (job_id, uri) in list(self._running.items()):
+            if key in present:
+                continue
+            del self._running[key]
+            if key in self._reported:
+                continue
+            payload = JobFinished(job_id, False, termination="runtime_lost",
+                                  error=f"job {job_id}: its JobSet went away before it "
+                                        "ended (deleted outside Stasis?)",
+                                  log_uri=f"{uri}/logs/" if uri else None)
+            self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
+                                       id=_event_id(f"{key}-vanished")))
+            self._reported.add(key)
 
     def observe(self, obj: Mapping[str, Any]) -> bool:
         """Report one JobSet's end (once); True while it runs."""
@@ -98,7 +126,7 @@ class JobWatch:
         namespace, name = meta.get("namespace"), str(meta.get("name"))
         job_id = str((meta.get("labels") or {}).get(js.LABEL_JOB) or name)
         annotations = meta.get("annotations") or {}
-        key = f"{job_id}-finished-{annotations.get(js.ANN_REQUESTID) or ''}"
+        key = _key(obj)
         if key in self._reported:
             return False  # published; the control plane deletes it as it records the end
         pods = js.pods_of(name, self.kube.list("Pod", namespace,
@@ -111,6 +139,7 @@ class JobWatch:
         if ending is None:
             failure = js.start_failure(pods)
             if failure is None:
+                self._running[key] = (job_id, uri)
                 return True
             host, why = failure
             started = int(annotations.get(js.ANN_SUBMITTED_AT) or 0)
@@ -194,6 +223,13 @@ class JobWatch:
                    label_selector=f"{m.MANAGED_BY}={m.STASIS}")
 
         return [jobsets]
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    """One job's report key: its id and the request that started it."""
+    meta = obj.get("metadata") or {}
+    job_id = (meta.get("labels") or {}).get(js.LABEL_JOB) or meta.get("name")
+    return f"{job_id}-finished-{(meta.get('annotations') or {}).get(js.ANN_REQUESTID) or ''}"
 
 
 def _split(uri: str) -> tuple[str, str]:

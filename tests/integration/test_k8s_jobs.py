@@ -309,6 +309,19 @@ def test_a_host_whose_image_cannot_be_pulled_fails_to_start(env: Any) -> None:
     assert job(env, "job-pull")["state"] == "FAILED" and not jobsets(env)
 
 
+def test_a_jobset_deleted_while_running_loses_its_job(env: Any) -> None:
+    assert deliver(env, submitted(env, "job-gone", "tpu-v5e-8", 1)).accepted
+    assert env.watch.sync() is True and usage(env)["tpus"] == 8
+    env.kube.delete("JobSet", NAMESPACE, "job-gone")  # by hand, outside Stasis
+    assert env.watch.sync() is False
+    (event,) = pull(env, 1)
+    assert event.payload.termination == "runtime_lost" and "went away" in event.payload.error
+    deliver(env, event)
+    assert job(env, "job-gone")["state"] == "FAILED" and usage(env)["tpus"] == 0
+    assert env.kube.read("Service", NAMESPACE, "job-gone") is None
+    assert env.watch.sync() is False and pull(env, 1, timeout=1) == []
+
+
 def all_reduce(scale: int) -> int:
     import torch
     import torch.distributed as dist
