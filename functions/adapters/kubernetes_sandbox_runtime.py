@@ -61,8 +61,7 @@ import os
 import re
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -182,8 +181,8 @@ class KubernetesSandboxRuntime:
     def __init__(self, api_client: Any = None, *, storage: Any, signer: UrlSigner,
                  settings: sm.SandboxClusterSettings | None = None,
                  cluster: m.ClusterSettings | None = None, bus: Bus | None = None,
-                 subject: Mapping[str, str] | None = None, max_bundle_bytes: int = 1 << 30,
-                 clock: Callable[[], float] = time.time) -> None:
+                 subject: Mapping[str, str] | None = None,
+                 max_bundle_bytes: int = 1 << 30) -> None:
         """``storage``: a ``google.cloud.storage.Client`` (the function's: uploads the
         bundle); ``signer``: mints the Pod's URLs; ``bus``: where ``cancel`` reports;
         ``subject``: the control plane's RBAC subject, bound in a team namespace it
@@ -197,7 +196,6 @@ class KubernetesSandboxRuntime:
         self.bus = bus
         self.subject = dict(subject) if subject else None
         self.max_bundle_bytes = max_bundle_bytes
-        self._clock = clock
 
     @classmethod
     def from_environment(cls, *, bus: Bus | None = None, storage: Any = None,
