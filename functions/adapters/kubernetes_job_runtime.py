@@ -112,3 +112,9 @@ class KubernetesJobRuntime:
         namespace = m.team_namespace_name(team, self.settings)
         self.kube.delete("JobSet", namespace, job_id)
         self.kube.delete("Service", namespace, js.service_name(job_id))
+
+    def job_ids(self) -> set[str]:
+        """The jobs that have a JobSet, in every namespace."""
+        return {str(((obj.get("metadata") or {}).get("labels") or {}).get(js.LABEL_JOB))
+                for obj in self.kube.list("JobSet", None, f"{m.MANAGED_BY}={m.STASIS}")
+                if m.is_managed(obj)}

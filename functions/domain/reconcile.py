@@ -207,3 +207,31 @@ def lost_jobs(jobs: Iterable[Job], workspaces: Mapping[str, Workspace | None], n
                             error=f"runtime lost: {why}", duration_ms=duration)
         repairs.append(JobRepair(job.id, why, event, f"reconcile-{job.id}-lost"))
     return repairs
+
+
+#: How long a kubernetes job may be RUNNING without a JobSet: the control plane applies it
+#: right after admission (the ledger's outbox), so only a lost one stays missing longer.
+CLUSTER_JOB_GRACE = timedelta(minutes=5)
+
+
+def lost_cluster_jobs(jobs: Iterable[Job], jobsets: Iterable[str], now: datetime,
+                      grace: timedelta = CLUSTER_JOB_GRACE) -> list[JobRepair]:
+    """RUNNING ``kubernetes`` jobs, admitted more than ``grace`` ago, that have no JobSet
+    in the cluster (``jobsets``: the job ids that have one): deleted outside Stasis, or by
+    their TTL while the monitor was down, so nobody will report their end. Each gets a
+    job.finished ``runtime_lost``, which gives the team's accelerators back."""
+    present = set(jobsets)
+    repairs = []
+    for job in jobs:
+        if job.state != JobState.RUNNING or job.runtime != "kubernetes" or job.id in present:
+            continue
+        started = job.started_at or job.submitted_at
+        if started is None or now - started <= grace:
+            continue
+        why = (f"job {job.id} ({job.hosts} x {job.profile}) has been RUNNING for "
+               f"{int((now - started).total_seconds())}s without a JobSet in the cluster")
+        event = JobFinished(job_id=job.id, succeeded=False, termination="runtime_lost",
+                            error=f"runtime lost: {why}",
+                            duration_ms=max(0, int((now - started).total_seconds() * 1000)))
+        repairs.append(JobRepair(job.id, why, event, f"reconcile-{job.id}-no-jobset"))
+    return repairs

@@ -16,7 +16,14 @@ from typing import Any
 from events import new_event
 from functions.domain.jobs import JobState
 from functions.domain.lifecycle import State
-from functions.domain.reconcile import Plan, RuntimeView, lost_jobs, plan, sandbox_repairs
+from functions.domain.reconcile import (
+    Plan,
+    RuntimeView,
+    lost_cluster_jobs,
+    lost_jobs,
+    plan,
+    sandbox_repairs,
+)
 from functions.domain.sandboxes import SandboxState
 from functions.handlers.deps import Deps
 
@@ -70,6 +77,10 @@ def _repair_jobs(deps: Deps, result: Plan, *, fix: bool) -> None:
     ids = {job.workspace_id for job in running if job.workspace_id}
     workspaces = {ws_id: deps.store.get_workspace(ws_id) for ws_id in sorted(ids)}
     result.jobs.extend(lost_jobs(running, workspaces, deps.clock()))
+    # kubernetes jobs whose JobSet is gone without a report of their end
+    job_runtime = getattr(deps, "job_runtime", None)
+    if job_runtime is not None:
+        result.jobs.extend(lost_cluster_jobs(running, job_runtime.job_ids(), deps.clock()))
     if not fix:
         return
     for repair in result.jobs:

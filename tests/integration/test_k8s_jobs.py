@@ -232,6 +232,7 @@ def test_admission_applies_a_valid_jobset_once(env: Any) -> None:
                              values["STASIS_JOB_URI"] + "/payload.pkl", "submit-job-tpu-a",
                              topology="2x4"))
     assert [j["metadata"]["name"] for j in jobsets(env)] == ["job-tpu-a"]
+    assert env.runtime.job_ids() == {"job-tpu-a"}  # what the reconciler checks
     assert usage(env)["tpus"] == 8
 
     # over the quota: refused, nothing applied

@@ -235,3 +235,26 @@ def test_a_workspace_pod_tells_its_kernels_how_to_submit_jobs() -> None:
     assert (env["STASIS_RUNTIME"], env["STASIS_PROJECT"], env["STASIS_SNAPSHOT_BUCKET"]) == (
         "kubernetes", "p", "b")
     kubernetes_validate.validate(pod, "1.35", strict=True)
+
+
+def test_the_reconciler_ends_cluster_jobs_without_a_jobset() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from functions.domain.jobs import Job, JobState
+    from functions.domain.reconcile import CLUSTER_JOB_GRACE, lost_cluster_jobs
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    old = now - CLUSTER_JOB_GRACE - timedelta(seconds=1)
+
+    def job(job_id: str, *, runtime: str = "kubernetes", state: JobState = JobState.RUNNING,
+            started: datetime = old) -> Job:
+        return Job(job_id, "ml-a", "alice", "tpu-v5e-8", 2, state, tpus=16, runtime=runtime,
+                   started_at=started)
+
+    jobs = [job("gone"), job("has-jobset"), job("young", started=now - timedelta(seconds=30)),
+            job("local", runtime="local"), job("ended", state=JobState.SUCCEEDED)]
+    (repair,) = lost_cluster_jobs(jobs, {"has-jobset"}, now)
+    assert repair.job_id == "gone" and repair.event.termination == "runtime_lost"
+    assert "without a JobSet" in (repair.event.error or "")
+    assert repair.event_id == "reconcile-gone-no-jobset"  # the same on every run
+    assert lost_cluster_jobs(jobs, {"gone", "has-jobset"}, now) == []
