@@ -5,7 +5,8 @@ Runs on a schedule (Cloud Scheduler -> the ``reconcile`` function) and on demand
 process, asks the runtime what it runs, and acts on the pure plan of
 functions.domain.reconcile: repairs are published as events, orphans are released.
 RUNNING sandboxes past their wall clock + grace get a sandbox.finished ``runtime_lost``.
-RUNNING local jobs whose workspace's server stopped get a job.finished ``runtime_lost``.
+RUNNING local jobs whose workspace's server stopped get a job.finished ``runtime_lost``,
+and so do RUNNING kubernetes jobs that have had no JobSet for 5 minutes.
 """
 
 from __future__ import annotations
