@@ -135,7 +135,8 @@ VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
     VerbSpec(Verb.REVOKE, "revoke an agent link", (Positional("link", "LINK_ID"),), (_TEAM,),
              ("/ws revoke lnk-3f2a",)),
     VerbSpec(Verb.SANDBOX, "run a task on a repository in an isolated sandbox and get a patch "
-             "back for review; `/ws sandbox list`, `/ws sandbox show ID` follow them",
+             "back for review; `/ws sandbox list`, `/ws sandbox show ID` follow them, "
+             "`/ws sandbox resume ID` brings back a suspended one",
              (Positional("repository", "REPOSITORY"),),
              (Flag("ref", "base ref to start from (default HEAD)", "REF"),
               Flag("cpu-seconds", "CPU time limit (default: the team's policy)", "N"),
@@ -150,7 +151,8 @@ VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
               "-- python -m pytest -x",
               "/ws sandbox /srv/repos/calc --memory 4Gi --allow pypi.org -- make test",
               "/ws sandbox list",
-              "/ws sandbox show sbx-20260504-120000-ab12cd"),
+              "/ws sandbox show sbx-20260504-120000-ab12cd",
+              "/ws sandbox resume sbx-20260504-120000-ab12cd"),
              tail="-- COMMAND"),
     VerbSpec(Verb.HELP, "this help, or one command's", (Positional("topic", "COMMAND",
                                                                    required=False),),
@@ -162,6 +164,7 @@ class SandboxAction(StrEnum):
     RUN = "run"
     LIST = "list"
     SHOW = "show"
+    RESUME = "resume"
 
 
 @dataclass(frozen=True)
@@ -329,7 +332,8 @@ TASK_MAX = 10_000
 
 
 def _parse_sandbox(text: str) -> Parsed:
-    """``sandbox REPOSITORY [options] -- COMMAND``, ``sandbox list``, ``sandbox show ID``."""
+    """``sandbox REPOSITORY [options] -- COMMAND``, ``sandbox list``, ``sandbox show ID``,
+    ``sandbox resume ID``."""
     spec = VERBS[Verb.SANDBOX]
     normal = unicodedata.normalize("NFC", text).translate(_DASHES)
     separator = _SEPARATOR.search(normal)
@@ -339,7 +343,7 @@ def _parse_sandbox(text: str) -> Parsed:
     if any(t.lower() in ("-h", "--help") for t in tokens):
         return Help(Verb.SANDBOX)
     action = tokens[0].lower() if tokens else ""
-    if action in (SandboxAction.LIST, SandboxAction.SHOW):
+    if action in (SandboxAction.LIST, SandboxAction.SHOW, SandboxAction.RESUME):
         return _sandbox_listing(spec, SandboxAction(action), tokens[1:], task)
     values, allow, positionals = _sandbox_options(spec, tokens, has_task=task is not None)
     if isinstance(values, ParseError):
@@ -424,7 +428,7 @@ def _sandbox_options(spec: VerbSpec, tokens: list[str], *, has_task: bool
 def _sandbox_listing(spec: VerbSpec, action: SandboxAction, tokens: list[str],
                      task: str | None) -> Parsed:
     usage = (f"`{COMMAND} sandbox list [--all] [--team TEAM]`" if action == SandboxAction.LIST
-             else f"`{COMMAND} sandbox show ID [--team TEAM]`")
+             else f"`{COMMAND} sandbox {action} ID [--team TEAM]`")
 
     def error(message: str) -> ParseError:
         return ParseError(f"{message}\nUsage: {usage}.", Verb.SANDBOX)
@@ -465,8 +469,7 @@ def _sandbox_listing(spec: VerbSpec, action: SandboxAction, tokens: list[str],
     if not SANDBOX_ID_PATTERN.fullmatch(rest[0]):
         return error(f"`{show(rest[0])}` is not a sandbox id (like `sbx-20260504-120000-ab12cd`;"
                      " `/ws sandbox list` shows them).")
-    return Command(Verb.SANDBOX, team=team,
-                   sandbox=SandboxArgs(SandboxAction.SHOW, sandbox_id=rest[0]))
+    return Command(Verb.SANDBOX, team=team, sandbox=SandboxArgs(action, sandbox_id=rest[0]))
 
 
 def _limit(flag: str, value: str) -> int | str | ParseError:

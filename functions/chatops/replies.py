@@ -383,6 +383,9 @@ def sandbox_status(doc: Mapping[str, Any]) -> str:
         lines.append(f"  {doc['message']}")
     lines.append(f"  `{_task(doc, 200)}` on {doc.get('repository')}@"
                  f"{doc.get('base_ref') or 'HEAD'}")
+    if doc.get("state") == "SUSPENDED":
+        lines.append(f"  `/ws sandbox resume {sandbox_id}` brings it back (it waits for a slot "
+                     "when none is free).")
     if doc.get("state") not in SANDBOX_ENDED:
         return "\n".join(lines)
     ended = [f"exit status {doc['exit_status']}" if doc.get("exit_status") is not None

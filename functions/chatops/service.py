@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 from events import (
     InvalidEvent,
     SandboxRequested,
+    SandboxResumeRequested,
     WorkspaceDeleteRequested,
     WorkspacePauseRequested,
     WorkspaceRequested,
@@ -59,8 +60,15 @@ from functions.chatops.ports import ChatDeps, SlashRequest
 from functions.domain import admission
 from functions.domain.catalog import Catalog, Refusal, Resolution, Resolved, Role, Team
 from functions.domain.lifecycle import State, Workspace, decide
+from functions.domain.sandboxes import Reason as SandboxReason
 from functions.domain.sandboxes import Request as SandboxRequest
-from functions.domain.sandboxes import TeamQueue, admit, resolve_policy
+from functions.domain.sandboxes import (
+    Sandbox,
+    TeamQueue,
+    admit,
+    request_resume,
+    resolve_policy,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -217,7 +225,10 @@ def _sandbox(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, us
     if args.action == SandboxAction.LIST:
         raise _Reply(replies.sandbox_list(team.id, deps.reads.list_sandboxes(team.id),
                                           include_old=args.all, now=deps.clock()))
-    if args.action == SandboxAction.SHOW:
+    now = deps.clock()
+    target = replies.ReplyTarget(user=req.user, channel=req.channel, team=req.team,
+                                 response_url=req.response_url, issued_at=now)
+    if args.action in (SandboxAction.SHOW, SandboxAction.RESUME):
         assert args.sandbox_id is not None
         doc = deps.reads.get("sandboxes", args.sandbox_id)
         mine = [t.id for t in catalog.teams_of(user)]
@@ -225,10 +236,9 @@ def _sandbox(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, us
             # Another team's sandbox is answered like a missing one: ids say nothing.
             raise _Reply(f"There is no sandbox {show(args.sandbox_id)} in your teams "
                          f"({', '.join(mine)}). See `/ws sandbox list`.")
-        raise _Reply(replies.sandbox_status(doc))
-    now = deps.clock()
-    target = replies.ReplyTarget(user=req.user, channel=req.channel, team=req.team,
-                                 response_url=req.response_url, issued_at=now)
+        if args.action == SandboxAction.SHOW:
+            raise _Reply(replies.sandbox_status(doc))
+        return _sandbox_resume(req, deps, catalog, user, doc, target)
     payload = SandboxRequested(
         sandbox_id=sandbox_id_for(req.requestid), team=team.id, requester=user,
         repository=args.repository or "", command=args.task or "",
@@ -271,6 +281,48 @@ def _sandbox(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, us
                      "Please try again.") from exc
     return replies.ack(replies.sandbox_ack(payload.sandbox_id, preview), req.requestid,
                        follow=True)
+
+
+def _sandbox_resume(req: SlashRequest, deps: ChatDeps, catalog: Catalog, user: str,
+                    doc: Mapping[str, Any], target: replies.ReplyTarget) -> dict[str, Any]:
+    """``/ws sandbox resume ID``: the handler's own ``request_resume`` previewed, then
+    sandbox.resume_requested; its end is told to whoever asked for the sandbox."""
+    sandbox_id = str(doc["id"])
+    text = (f"Resuming sandbox `{sandbox_id}`. Its end is told to whoever asked for it "
+            f"(`/ws sandbox show {sandbox_id}` meanwhile).")
+    if not req.retry:
+        sandbox = Sandbox.from_doc(doc)
+        section = (deps.reads.get("catalog", "current") or {}).get("sandboxes")
+        decision = request_resume(
+            sandbox, sandbox_id, user, team=catalog.teams.get(sandbox.team),
+            policy=resolve_policy(section if isinstance(section, Mapping) else None,
+                                  sandbox.team),
+            queue=TeamQueue.from_doc(deps.reads.get("sandbox_queues", sandbox.team)),
+            now=deps.clock())
+        if not decision.accepted:
+            raise _Reply(f"Nothing done: {replies.for_chat(decision.message.rstrip('. '))}.")
+        if decision.reason == SandboxReason.RESUME_QUEUED:
+            text = (f"Sandbox `{sandbox_id}` will resume when a slot frees up: "
+                    f"{decision.message}.")
+        else:
+            text = f"Resuming sandbox `{sandbox_id}` now: {decision.message}."
+    deps.records.remember(req.requestid, {
+        "requestid": req.requestid, "slack_user": req.user, "slack_team": req.team,
+        "channel": req.channel, "response_url": req.response_url, "issued_at": target.issued_at,
+        "response_url_uses": 0, "user": user, "team": doc.get("team"), "verb": "sandbox resume",
+        "sandbox_id": sandbox_id, "text": req.text[:500], "created_at": target.issued_at,
+        "expire_at": deps.clock() + RECORD_TTL,
+    })
+    event = new_event(SandboxResumeRequested(sandbox_id=sandbox_id, requester=user,
+                                             reply_to=target.encode()),
+                      source=SOURCE, requestid=req.requestid, id=req.requestid)
+    try:
+        deps.bus.publish(event)
+    except Exception as exc:
+        log.exception("publishing %s for chat request %s failed", event.name, req.requestid)
+        raise _Reply(f"I could not queue that ({type(exc).__name__}); nothing was changed. "
+                     "Please try again.") from exc
+    return replies.ack(text, req.requestid)
 
 
 def _why(message: str, ws: Workspace | None) -> str:

@@ -183,6 +183,8 @@ RUN = SandboxAction.RUN
     ("SANDBOX list --all --team ml-b", _sbx(action=SandboxAction.LIST, all=True, team="ml-b")),
     ("sandbox show sbx-20260504-120000-ab12cd",
      _sbx(action=SandboxAction.SHOW, sandbox_id="sbx-20260504-120000-ab12cd")),
+    ("sandbox resume sbx-1 --team ml-a",
+     _sbx(action=SandboxAction.RESUME, sandbox_id="sbx-1", team="ml-a")),
 ])
 def test_sandbox_commands(text: str, expected: Command) -> None:
     assert parse(text) == expected
@@ -214,6 +216,8 @@ def test_sandbox_commands(text: str, expected: Command) -> None:
     ("sandbox show a b", "unexpected `b`"),
     ("sandbox show <@U1>", "is not a sandbox id"),
     ("sandbox show sbx-1 --all", "is not an option of `sandbox show`"),
+    ("sandbox resume", "Usage: `/ws sandbox resume ID [--team TEAM]`"),
+    ("sandbox resume sbx-1 -- x", "`sandbox resume` takes no task command"),
 ])
 def test_sandbox_errors_name_the_problem_and_show_the_usage(text: str, says: str) -> None:
     result = parse(text)

@@ -499,3 +499,42 @@ def test_the_flask_entry_point_serves_a_signed_command_and_refuses_a_forged_one(
         assert response.status_code == status
     [event] = published(deps)
     assert event.payload.command == "python payload.py"
+
+
+def _suspended(deps: ChatDeps, sandbox_id: str = "sbx-held", **fields: Any) -> None:
+    _docs(deps)[("sandboxes", sandbox_id)] = _sandbox_doc(
+        sandbox_id, state="SUSPENDED", reason="suspended_idle", requester="alice",
+        limits={"cpu_seconds": 60, "memory_bytes": 2**30, "wall_clock_seconds": 60,
+                "processes": 64, "idle_seconds": 30},
+        allowed_network=[], requestid="slack-first", version=3,
+        suspended_at=NOW - timedelta(minutes=5), message="suspended: idle", **fields)
+
+
+def test_a_suspended_sandbox_is_resumed_from_chat_and_show_says_how() -> None:
+    deps = chat_deps()
+    _suspended(deps)
+    assert "`/ws sandbox resume sbx-held` brings it back" in ask(deps, "sandbox show sbx-held")
+    text = ask(deps, "sandbox resume sbx-held", requestid="slack-r9")
+    assert "Resuming sandbox `sbx-held` now: resumed after 300 s suspended" in text
+    [event] = published(deps)
+    assert (event.name, event.id, event.payload.sandbox_id, event.payload.requester) == (
+        "sandbox.resume_requested", "slack-r9", "sbx-held", "alice")
+    assert ReplyTarget.decode(event.payload.reply_to) is not None
+
+
+def test_a_resume_waits_for_a_slot_or_is_refused_with_the_reason() -> None:
+    deps = chat_deps()
+    _suspended(deps)
+    _docs(deps)[("sandbox_queues", "ml-a")] = {"running": ["sbx-a", "sbx-b"], "queued": []}
+    assert "will resume when a slot frees up: resume queued: team ml-a runs 2/2 sandboxes; " \
+           "position 1 of 1" in ask(deps, "sandbox resume sbx-held")
+    _docs(deps)[("sandboxes", "sbx-run")] = _sandbox_doc(
+        "sbx-run", limits={"cpu_seconds": 60, "memory_bytes": 2**30,
+                           "wall_clock_seconds": 60, "processes": 64},
+        allowed_network=[], requestid="x", version=2, reason="admitted")
+    assert "Nothing done: sandbox sbx-run is RUNNING, not suspended: nothing to resume" in ask(
+        deps, "sandbox resume sbx-run", requestid="slack-r2")
+    _docs(deps)[("sandboxes", "sbx-theirs")] = _sandbox_doc("sbx-theirs", team="ml-b")
+    assert "There is no sandbox sbx-theirs in your teams" in ask(
+        deps, "sandbox resume sbx-theirs", requestid="slack-r3")
+    assert len(published(deps)) == 1
