@@ -28,7 +28,23 @@ resource "google_project_iam_member" "cluster" {
   member  = local.member[each.value]
 }
 
+# A function without a private key signs V4 URLs through IAM signBlob as itself.
+resource "google_service_account_iam_member" "url_signer" {
+  for_each = toset(var.runtime == "kubernetes" ? [for n in local.names : n if can(regex(var.url_signing_pattern, n))] : [])
+
+  service_account_id = "projects/${var.project_id}/serviceAccounts/${module.functions.service_accounts[each.value]}"
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = local.member[each.value]
+}
+
 # --- the cluster monitor -------------------------------------------------------------------------
+# It reads what sandbox collectors and job hosts leave in the bucket (exit status, logs).
+resource "google_storage_bucket_iam_member" "monitor_objects" {
+  bucket = module.storage.snapshot_bucket
+  role   = "roles/storage.objectViewer"
+  member = google_service_account.monitor.member
+}
+
 resource "google_service_account_iam_member" "monitor_workload_identity" {
   service_account_id = google_service_account.monitor.name
   role               = "roles/iam.workloadIdentityUser"

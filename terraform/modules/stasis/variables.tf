@@ -208,8 +208,8 @@ variable "snapshot_access_pattern" {
 
 variable "cluster_access_pattern" {
   type        = string
-  description = "Functions that drive the cluster (RBAC subjects, cluster viewer, Direct VPC egress to the workspaces)."
-  default     = "^on_(workspace|pause|resume|delete|snapshot_finished|runtime)|reconcile|janitor|idle|proxy"
+  description = "Functions that drive the cluster (RBAC subjects, cluster viewer, Direct VPC egress to the workspaces): the lifecycle, sandbox and job handlers among them."
+  default     = "^on_(workspace|pause|resume|delete|snapshot_finished|runtime|sandbox|job)|reconcile|janitor|idle|proxy"
 }
 
 variable "secrets" {
@@ -419,4 +419,10 @@ variable "manage_kubernetes" {
   type        = bool
   description = "Apply the in-cluster objects (needs the cluster reachable at plan time: false on the very first apply, see the README)."
   default     = true
+}
+
+variable "url_signing_pattern" {
+  type        = string
+  description = "Functions that sign Cloud Storage URLs with their own identity (IAM signBlob: token creator on themselves): the sandbox handlers, which hand a sandbox's pod URLs for its bundle, patch and log."
+  default     = "^on_sandbox"
 }
