@@ -1,7 +1,8 @@
 """Scale-out jobs on the Kubernetes runtime, over HTTP against kmock's KubernetesEmulator,
 with the Firestore and Pub/Sub emulators and fake-gcs-server.
 
-The control plane admits job.submitted and, through the ledger's outbox, applies the
+The control plane admits job.submitted and, through the ledger's outbox (sent again when a
+retry finds it pending), applies the
 coordinator Service and the JobSet (``KubernetesJobRuntime``), which validate against the
 JobSet CRD and the Kubernetes schemas; a redelivery changes nothing. The tests play the
 JobSet controller and the kubelet (pods and ``status`` patched in, or the hosts run for
@@ -239,6 +240,40 @@ def test_admission_applies_a_valid_jobset_once(env: Any) -> None:
     refused = deliver(env, submitted(env, "job-tpu-b", "tpu-v5e-8", 1))
     assert refused is not None and not refused.accepted
     assert [j["metadata"]["name"] for j in jobsets(env)] == ["job-tpu-a"]
+
+
+def test_an_outbox_that_failed_is_sent_again_on_redelivery(env: Any) -> None:
+    """The API server was unreachable after the admission committed: the ledger entry stays
+    pending with its outbox, the event is retried, and the retry starts the job once."""
+    from functions.ports import RuntimeUnavailable
+
+    real, calls = env.runtime, []
+
+    class Flaky:
+        name = "kubernetes"
+
+        def start(self, run: JobRun) -> None:
+            calls.append(run.job_id)
+            if len(calls) == 1:
+                raise RuntimeUnavailable("Kubernetes API unreachable")
+            real.start(run)
+
+        def cancel(self, job_id: str, *, team: str) -> None:
+            real.cancel(job_id, team=team)
+
+    env.deps.job_runtime = Flaky()
+    event = submitted(env, "job-retry", "cpu-small", 2)
+    with pytest.raises(RuntimeUnavailable):
+        deliver(env, event)
+    assert job(env, "job-retry")["state"] == "RUNNING" and not jobsets(env)
+    (entry,) = [d.to_dict() for d in env.db.collection("processed").stream()]
+    assert entry["status"] == "pending" and entry["outbox"][0]["start"]["hosts"] == 2
+    assert deliver(env, event) is None  # a duplicate for the ledger, but its outbox is sent
+    assert calls == ["job-retry", "job-retry"]
+    assert [j["metadata"]["name"] for j in jobsets(env)] == ["job-retry"]
+    (entry,) = [d.to_dict() for d in env.db.collection("processed").stream()]
+    assert (entry["status"], entry["outbox"]) == ("done", [])
+    assert deliver(env, event) is None and calls == ["job-retry", "job-retry"]
 
 
 def test_a_slice_that_cannot_exist_fails_to_start_and_gives_the_chips_back(env: Any) -> None:
