@@ -2,9 +2,9 @@
 with the Firestore and Pub/Sub emulators and fake-gcs-server.
 
 The control plane admits job.submitted and, through the ledger's outbox (sent again when a
-retry finds it pending), applies the
-coordinator Service and the JobSet (``KubernetesJobRuntime``), which validate against the
-JobSet CRD and the Kubernetes schemas; a redelivery changes nothing. The tests play the
+retry finds it pending), applies the coordinator Service and the JobSet
+(``KubernetesJobRuntime``), which validate against the JobSet CRD and the Kubernetes
+schemas; a redelivery changes nothing. The tests play the
 JobSet controller and the kubelet (pods and ``status`` patched in, or the hosts run for
 real as processes: ``job_pods``); the job watcher turns the JobSet's end into job.finished
 on a real Pub/Sub topic, with the host that failed first and its traceback (the
