@@ -64,6 +64,11 @@ def notify_chat_sandbox(cloud_event):  # type: ignore[no-untyped-def]
     bootstrap.deliver("notify_chat_sandbox", cloud_event)
 
 
+@functions_framework.cloud_event
+def notify_chat_sandbox_suspended(cloud_event):  # type: ignore[no-untyped-def]
+    bootstrap.deliver("notify_chat_sandbox_suspended", cloud_event)
+
+
 @functions_framework.http
 def proxy(request):  # type: ignore[no-untyped-def]
     return bootstrap.proxy(request)

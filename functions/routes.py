@@ -42,6 +42,8 @@ ROUTES: dict[str, Route] = {
         Route("on_snapshot_expired", "snapshot.expired", janitor.handle_expired),
         Route("notify_chat", "workspace.state_changed", notify.handle),
         Route("notify_chat_sandbox", "sandbox.finished", notify.handle_sandbox),
+        Route("notify_chat_sandbox_suspended", "sandbox.suspended",
+              notify.handle_sandbox_suspended),
         Route("on_sandbox_requested", "sandbox.requested", sandbox_handler.handle),
         Route("on_sandbox_finished", "sandbox.finished", sandbox_handler.handle),
         Route("on_sandbox_suspended", "sandbox.suspended", sandbox_handler.handle),

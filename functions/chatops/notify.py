@@ -27,7 +27,8 @@ one notification (``/ws sandbox list`` still shows the end). The target is the c
 of the request that asked for it (``sandboxes/{id}.requestid``), else the request's
 ``reply_to``. What it says is the ended record when the sandbox handler got there first,
 else what the handler's own pure ``finish`` makes of this report (the two consumers run in
-any order).
+any order). A suspension (sandbox.suspended, :func:`handle_sandbox_suspended`) is told the
+same way, once per suspension, with how to resume it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from events import Event, SandboxFinished, WorkspaceStateChanged
+from events import Event, SandboxFinished, SandboxSuspended, WorkspaceStateChanged
 from functions.chatops import replies
 from functions.chatops.ports import ChatDeps, NotifyRefused
 from functions.delivery import PermanentFailure
@@ -101,36 +102,61 @@ def _send(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | 
 def handle_sandbox(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     """Tell the requester how their sandbox ended; returns how it went (tests/logs)."""
     report: SandboxFinished = event.payload
-    chat: ChatDeps | None = getattr(deps, "chat", None)
-    if chat is None:
-        raise PermanentFailure("chat is not configured in this deployment")
+    chat = _chat(deps)
     doc = chat.reads.get("sandboxes", report.sandbox_id)
     if doc is None:
         return None  # never admitted: the sandbox handler ignores this report too
+    ended = _ended(doc, report, chat.clock())
+    if ended is None:
+        return None
+    return _tell_once(chat, doc, event, f"{consumer}|{report.sandbox_id}",
+                      lambda requestid: replies.sandbox_notification(ended, requestid),
+                      str(ended.get("state")))
+
+
+def handle_sandbox_suspended(event: Event[Any], deps: Deps, consumer: str) -> str | None:
+    """Tell the requester their sandbox was suspended (idle) and how to bring it back;
+    once per suspension (``sequence``)."""
+    held: SandboxSuspended = event.payload
+    chat = _chat(deps)
+    doc = chat.reads.get("sandboxes", held.sandbox_id)
+    if doc is None or doc.get("state") in replies.SANDBOX_ENDED:
+        return None  # unknown, or it ended since: the end says what matters
+    return _tell_once(chat, doc, event, f"{consumer}|{held.sandbox_id}|{held.sequence}",
+                      lambda requestid: replies.sandbox_suspended_notification(
+                          doc, held, requestid), "SUSPENDED")
+
+
+def _chat(deps: Deps) -> ChatDeps:
+    chat: ChatDeps | None = getattr(deps, "chat", None)
+    if chat is None:
+        raise PermanentFailure("chat is not configured in this deployment")
+    return chat
+
+
+def _tell_once(chat: ChatDeps, doc: Mapping[str, Any], event: Event[Any], mark: str,
+               message: Any, state: str) -> str | None:
+    """Send ``message(requestid)`` to whoever asked for the sandbox ``doc``, once per
+    ``mark``. The mark is claimed before sending: two reports of one sandbox (the
+    runtime's and the reconciler's, or one delivered twice) may arrive at once."""
+    sandbox_id = str(doc.get("id"))
     requestid = str(doc.get("requestid") or event.requestid)
     record = chat.records.recall(requestid)
     target = _target(record) or replies.ReplyTarget.decode(doc.get("reply_to"))
     if target is None:
         return None  # asked for from the CLI or through a link: nobody to tell here
-    ended = _ended(doc, report, chat.clock())
-    if ended is None:
-        return None
-    key = hashlib.sha256(f"{consumer}|{report.sandbox_id}".encode()).hexdigest()
-    detail = {"event_id": event.id, "requestid": requestid, "sandbox_id": report.sandbox_id,
-              "state": ended.get("state")}
-    # Claimed before sending: two reports of one sandbox (the runtime's and the
-    # reconciler's, or one delivered twice) may arrive at once, and the user is told once.
+    key = hashlib.sha256(mark.encode()).hexdigest()
+    detail = {"event_id": event.id, "requestid": requestid, "sandbox_id": sandbox_id,
+              "state": state}
     if not chat.records.claim_notification(key, detail, chat.clock()):
         return "duplicate"
     try:
-        via = _send(chat, target, record, requestid,
-                    replies.sandbox_notification(ended, requestid))
+        via = _send(chat, target, record, requestid, message(requestid))
     except BaseException:
         chat.records.release_notification(key)  # not sent: the retry may send it
         raise
     chat.records.mark_notified(key, {**detail, "via": via}, chat.clock())
-    log.info("told %s that sandbox %s ended %s via %s", target.user, report.sandbox_id,
-             ended.get("state"), via)
+    log.info("told %s that sandbox %s is %s via %s", target.user, sandbox_id, state, via)
     return via
 
 

@@ -424,3 +424,24 @@ def sandbox_notification(doc: Mapping[str, Any], requestid: str) -> dict[str, An
             "requestid": requestid, "sandbox_id": sandbox_id, "state": doc.get("state"),
             "reason": doc.get("reason"), "files_changed": files}},
     }
+
+
+def sandbox_suspended_notification(doc: Mapping[str, Any], held: Any,
+                                   requestid: str) -> dict[str, Any]:
+    """A sandbox was suspended for being idle (``held``: the sandbox.suspended payload)."""
+    sandbox_id = str(doc.get("id"))
+    files = len(held.files_changed or [])
+    memory = "" if held.method != "freeze" else " (frozen: its memory stays held)"
+    text = (f"Sandbox `{sandbox_id}` (`{_task(doc)}`) is *SUSPENDED*: it made no progress for "
+            f"{human_duration(held.idle_seconds * 1000)}, so its slot was freed{memory}.")
+    if held.checkpoint_uri:
+        text += (f" The diff so far ({files} file{'s' if files != 1 else ''}) is at "
+                 f"{held.checkpoint_uri}.")
+    text += f" `/ws sandbox resume {sandbox_id}` brings it back."
+    return {
+        "response_type": "ephemeral",
+        "text": text,
+        "metadata": {"event_type": SANDBOX_NOTE_EVENT_TYPE, "event_payload": {
+            "requestid": requestid, "sandbox_id": sandbox_id, "state": "SUSPENDED",
+            "reason": "suspended_idle", "files_changed": files}},
+    }

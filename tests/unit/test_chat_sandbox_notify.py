@@ -135,3 +135,32 @@ def test_a_send_that_fails_releases_its_claim_so_the_retry_tells() -> None:
         notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
     chat.notifier = FakeNotifier()
     assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "chat.postMessage"  # type: ignore[arg-type]
+
+
+def _held(sequence: int = 1) -> Any:
+    from events import SandboxSuspended
+
+    return new_event(SandboxSuspended(
+        sandbox_id=SBX, idle_seconds=600, sequence=sequence, method="freeze",
+        checkpoint_uri=f"gs://b/sandboxes/ml-a/{SBX}/checkpoint-{sequence}.diff",
+        checkpoint_bytes=90, files_changed=["calc.py", "x.py"]),
+        id=f"held-{sequence}", requestid=f"held-{sequence}")
+
+
+def test_a_suspension_is_told_once_each_time_with_how_to_resume() -> None:
+    deps, chat = _deps(_doc("SUSPENDED"))
+    handle = notify.handle_sandbox_suspended
+    assert handle(_held(1), deps, "notify_chat_sandbox_suspended") == "response_url"  # type: ignore[arg-type]
+    assert handle(_held(1), deps, "notify_chat_sandbox_suspended") == "duplicate"  # type: ignore[arg-type]
+    assert handle(_held(2), deps, "notify_chat_sandbox_suspended") == "response_url"  # type: ignore[arg-type]
+    first = _sent(chat)[0]
+    assert first["text"] == (
+        f"Sandbox `{SBX}` (`python -m pytest -x`) is *SUSPENDED*: it made no progress for "
+        "10 min, so its slot was freed (frozen: its memory stays held). The diff so far (2 "
+        f"files) is at gs://b/sandboxes/ml-a/{SBX}/checkpoint-1.diff. `/ws sandbox resume "
+        f"{SBX}` brings it back.")
+    assert first["metadata"]["event_payload"]["state"] == "SUSPENDED"
+    # It ended since: the end's notification says what matters.
+    deps, chat = _deps(_doc("SUCCEEDED"))
+    assert handle(_held(1), deps, "notify_chat_sandbox_suspended") is None  # type: ignore[arg-type]
+    assert _sent(chat) == []
