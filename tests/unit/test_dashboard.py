@@ -463,7 +463,7 @@ def test_stasis_up_prints_the_dashboard_url(monkeypatch: pytest.MonkeyPatch) -> 
 
     from stack import cli, local
 
-    monkeypatch.setattr(local, "up", lambda settings, runtime: local.UpReport({"all": 1.0}))
+    monkeypatch.setattr(local, "up", lambda settings, **_kw: local.UpReport({"all": 1.0}))
     monkeypatch.setattr(local, "status", lambda settings: [])
     monkeypatch.setenv("STASIS_FUNCTIONS_PORT", "18713")
     monkeypatch.delenv("STASIS_DASHBOARD_DEV_USER", raising=False)
