@@ -15,8 +15,9 @@ from google.cloud import firestore
 from events import Event
 from functions.adapters.firestore_store import ledger_key
 
-#: The consumer whose ledger entry holds the admission's verdict (functions/routes.py).
-REQUEST_CONSUMER = "on_sandbox_requested"
+#: The consumers whose ledger entries hold the handler's verdicts (functions/routes.py).
+CONSUMERS = {"sandbox.requested": "on_sandbox_requested",
+             "sandbox.resume_requested": "on_sandbox_resume_requested"}
 
 
 class FirestoreSandboxResults:
@@ -39,7 +40,7 @@ class FirestoreSandboxResults:
 
     def request_outcome(self, event: Event[Any]) -> Mapping[str, Any] | None:
         snap = self.db.collection("processed").document(
-            ledger_key(REQUEST_CONSUMER, event)).get()
+            ledger_key(CONSUMERS[event.name], event)).get()
         if not snap.exists:
             return None
         outcome: Mapping[str, Any] | None = (snap.to_dict() or {}).get("outcome")

@@ -576,10 +576,15 @@ SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
 def _sandbox_operation(method: str, rest: list[str]) -> Operation | None:
     """``POST stasis/sandboxes`` (request one), ``GET stasis/sandboxes`` (the creator's),
-    ``GET stasis/sandboxes/<id>`` (state and patch) and ``GET .../<id>/patch`` (raw)."""
+    ``GET stasis/sandboxes/<id>`` (state and patch), ``GET .../<id>/patch`` (raw) and
+    ``POST .../<id>/resume`` (a suspended one)."""
     if not rest:
         return Operation.SANDBOX if method in ("POST", "GET", "HEAD") else None
-    if not SANDBOX_ID.fullmatch(rest[0]) or len(rest) > 2 or rest[1:] not in ([], ["patch"]):
+    if not SANDBOX_ID.fullmatch(rest[0]) or len(rest) > 2:
+        return None
+    if rest[1:] == ["resume"]:
+        return Operation.SANDBOX if method == "POST" else None
+    if rest[1:] not in ([], ["patch"]):
         return None
     return Operation.SANDBOX if method in ("GET", "HEAD") else None
 

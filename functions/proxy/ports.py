@@ -138,7 +138,8 @@ class SandboxResults(Protocol):
                        limit: int = 50) -> list[Mapping[str, Any]]: ...
 
     def request_outcome(self, event: Event[Any]) -> Mapping[str, Any] | None:
-        """The sandbox handler's verdict on a sandbox.requested, once it has one."""
+        """The sandbox handler's verdict on a sandbox.requested or .resume_requested, once
+        it has one."""
         ...
 
     def read_object(self, uri: str, *, limit: int, tail: bool = False) -> tuple[bytes, bool]:

@@ -17,6 +17,8 @@ applies the team's policy, limits and queue exactly as for ``stasis sandbox run`
 ``GET  stasis/sandboxes/<id>``      state, exit status, files changed, and when it ended
                                     the patch text and the end of the log
 ``GET  stasis/sandboxes/<id>/patch`` the patch alone (``text/x-diff``), for ``git apply``
+``POST stasis/sandboxes/<id>/resume`` bring back a SUSPENDED one (idle): RUNNING, or its
+                                    resume waits for a slot with a position
 =================================== ======================================================
 
 One effect per request: the request id is ``link-<link id>-<sandbox id>``, so an agent
@@ -38,7 +40,7 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
-from events import InvalidEvent, SandboxRequested, new_event
+from events import InvalidEvent, SandboxRequested, SandboxResumeRequested, new_event
 from functions.domain.links import SANDBOX_ID, Link
 from functions.domain.sandboxes import TERMINAL
 from functions.domain.sandboxes import Reason as SandboxReason
@@ -63,6 +65,9 @@ REFUSAL_STATUS: Mapping[str, int] = {
     SandboxReason.SANDBOX_ID_IN_USE: 409,
     SandboxReason.QUEUE_FULL: 429,
     SandboxReason.INVALID_POLICY: 503,
+    SandboxReason.NOT_SUSPENDED: 409,
+    SandboxReason.ALREADY_FINISHED: 409,
+    SandboxReason.RESUME_ALREADY_QUEUED: 409,
 }
 _SHOWN = ("id", "team", "requester", "state", "reason", "message", "queue_position",
           "repository", "base_ref", "command", "limits", "allowed_network", "requested_at",
@@ -107,6 +112,8 @@ class SandboxDesk:
                           f"requested by {link.creator} in team {link.team}"}, 404, headers)
         if rest[1:] == ["patch"]:
             return self._patch(doc, headers)
+        if rest[1:] == ["resume"]:
+            return self._resume(link, doc, headers)
         return _json(self._view(doc), 200, headers)
 
     # --- POST -----------------------------------------------------------------------------
@@ -152,6 +159,39 @@ class SandboxDesk:
             return _json(answer, 201, {**headers, "Location": url})
         status = REFUSAL_STATUS.get(str(outcome.get("reason")), 409)
         return _json({**answer, "error": outcome.get("reason")}, status, headers)
+
+    def _resume(self, link: Link, doc: Mapping[str, Any],
+                headers: Mapping[str, str]) -> Response:
+        sandbox_id = str(doc.get("id"))
+        if doc.get("state") != "SUSPENDED":
+            return _json({"error": str(SandboxReason.NOT_SUSPENDED), "state": doc.get("state"),
+                          "message": f"sandbox {sandbox_id} is {doc.get('state')}, not "
+                                     "suspended: nothing to resume"}, 409, headers)
+        # One request per suspended period: a retried POST is the same request.
+        requestid = f"link-{link.link_id}-resume-{sandbox_id}-v{doc.get('version')}"
+        event = new_event(SandboxResumeRequested(sandbox_id=sandbox_id,
+                                                 requester=link.creator),
+                          source=SOURCE, requestid=requestid, id=requestid)
+        try:
+            self.bus.publish(event)
+        except Exception as exc:
+            log.exception("publishing sandbox.resume_requested for link %s failed",
+                          link.link_id)
+            return _json({"error": "unavailable", "message": f"could not ask for the resume "
+                          f"({type(exc).__name__}): try again"}, 503,
+                         {**headers, "Retry-After": "5"})
+        answer: dict[str, Any] = {"sandbox_id": sandbox_id, "requestid": requestid}
+        outcome = self._outcome(event)
+        if outcome is None:
+            return _json({**answer, "state": "SUSPENDED", "message": "resume requested; "
+                          "not answered yet: poll the sandbox"}, 202, headers)
+        answer.update(state=outcome.get("state"), reason=outcome.get("reason"),
+                      message=outcome.get("message"),
+                      queue_position=outcome.get("queue_position"))
+        if outcome.get("accepted"):
+            return _json(answer, 200, headers)
+        return _json({**answer, "error": outcome.get("reason")},
+                     REFUSAL_STATUS.get(str(outcome.get("reason")), 409), headers)
 
     def _outcome(self, event: Any) -> Mapping[str, Any] | None:
         deadline = self.monotonic() + self.answer_seconds

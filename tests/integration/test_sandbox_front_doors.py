@@ -117,6 +117,8 @@ class _Push(RecordingPublisher):
             "sandbox.requested": [(handler.handle, "on_sandbox_requested")],
             "sandbox.finished": [(handler.handle, "on_sandbox_finished"),
                                  (self._notify, "notify_chat_sandbox")],
+            "sandbox.suspended": [(handler.handle, "on_sandbox_suspended")],
+            "sandbox.resume_requested": [(handler.handle, "on_sandbox_resume_requested")],
         }.get(event.name, [])
         for consume, consumer in consumers:
             threading.Thread(target=self._deliver, args=(consume, event, consumer),
@@ -451,3 +453,32 @@ def test_stasis_link_sandbox_needs_nothing_but_the_link(plane: Plane, repo: Path
     revoked = runner.invoke(main, ["link", "sandbox", "--repo", str(repo), "--command", FIX],
                             env=env)
     assert revoked.exit_code == 3 and "revoked" in revoked.stderr
+
+
+def test_an_agent_resumes_its_idle_suspended_sandbox_through_the_link(
+        plane: Plane, repo: Path, tmp_path: Path) -> None:
+    token = _link(plane, "sandbox")["token"]
+    started = _agent(plane, token, "POST", json={
+        "repository": str(repo), "base_ref": "main", "limits": {"idle_seconds": 1},
+        "command": f"sleep 4; {FIX}"})
+    assert started.status_code == 201, started.text
+    sandbox_id = started.json()["sandbox_id"]
+    deadline = time.monotonic() + 60
+    while (view := _agent(plane, token, "GET", f"/{sandbox_id}").json())["state"] != \
+            "SUSPENDED" and time.monotonic() < deadline:
+        assert view["state"] == "RUNNING", view
+        time.sleep(0.2)
+    assert view["state"] == "SUSPENDED", view
+    resumed = _agent(plane, token, "POST", f"/{sandbox_id}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["state"] == "RUNNING" and "resumed after" in resumed.json()["message"]
+    # The task sleeps, which is no progress: it may be held again; each resume lets the
+    # sleep run on (it counts wall time) until the fix is made.
+    deadline = time.monotonic() + 60
+    while (doc := plane.doc(sandbox_id))["state"] not in ENDED and time.monotonic() < deadline:
+        if doc["state"] == "SUSPENDED":
+            again = _agent(plane, token, "POST", f"/{sandbox_id}/resume")
+            assert again.status_code in (200, 409), again.text  # 409: it moved on meanwhile
+        time.sleep(0.2)
+    view = _agent(plane, token, "GET", f"/{sandbox_id}").json()
+    assert view["state"] == "SUCCEEDED" and applies_and_passes(repo, view["patch"], tmp_path)

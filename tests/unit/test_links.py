@@ -319,6 +319,9 @@ def test_the_revocation_promise_is_a_policy_invariant() -> None:
     ("POST", "stasis/sandboxes/sbx-1", None),
     ("GET", "stasis/sandboxes/SBX_1", None),
     ("GET", "stasis/sandboxes/sbx-1/log", None),
+    ("POST", "stasis/sandboxes/sbx-1/resume", Operation.SANDBOX),
+    ("GET", "stasis/sandboxes/sbx-1/resume", None),
+    ("POST", "stasis/sandboxes/sbx-1/patch", None),
     ("GET", "stasis/sandboxes/../../etc", None),
     ("GET", "stasis/other", None),
 ])

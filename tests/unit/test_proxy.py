@@ -741,3 +741,49 @@ def test_without_sandboxes_the_proxy_says_so(h: Harness) -> None:
     h.proxy.sandbox_desk = None
     response = _post(h, h.token(), TASK)
     assert response.status_code == 503 and "not available" in response.json["message"]
+
+
+def _held(h: Harness, **doc: Any) -> None:
+    h.sandboxes.docs["sbx-held"] = {"id": "sbx-held", "team": "ml-a", "requester": "bob",
+                                    "state": "SUSPENDED", "version": 4, **doc}
+
+
+def test_an_agent_resumes_its_suspended_sandbox_once_per_suspension(h: Harness) -> None:
+    def resume(event: Any) -> None:
+        if event.name == "sandbox.resume_requested":
+            h.sandboxes.outcomes[event.requestid] = {
+                "accepted": True, "reason": "resumed", "state": "RUNNING",
+                "queue_position": None, "message": "resumed after 30 s suspended"}
+    h.bus.on_publish = resume
+    _held(h)
+    token = h.token(scope="sandbox")
+    path = f"/proxy/{WS}/stasis/sandboxes/sbx-held/resume"
+    headers = {"Authorization": f"Bearer {token}"}
+    first = h.client.post(path, headers=headers)
+    again = h.client.post(path, headers=headers)
+    assert first.status_code == again.status_code == 200, first.json
+    assert (first.json["state"], first.json["message"]) == ("RUNNING",
+                                                             "resumed after 30 s suspended")
+    events = [e for e in h.bus.events if e.name == "sandbox.resume_requested"]
+    link = next(iter(h.store.links.values()))
+    assert {e.requestid for e in events} == {f"link-{link.link_id}-resume-sbx-held-v4"}
+    assert events[0].payload.requester == "bob"
+
+
+def test_a_resume_that_cannot_be_is_answered_409_and_another_creators_is_404(
+        h: Harness) -> None:
+    token = h.token()
+    headers = {"Authorization": f"Bearer {token}"}
+    _held(h, state="RUNNING")
+    running = h.client.post(f"/proxy/{WS}/stasis/sandboxes/sbx-held/resume", headers=headers)
+    assert running.status_code == 409 and "not suspended" in running.json["message"]
+    _held(h)
+    h.bus.on_publish = lambda event: h.sandboxes.outcomes.__setitem__(event.requestid, {
+        "accepted": False, "reason": "resume_already_queued", "state": None,
+        "message": "sandbox sbx-held's resume already waits"})
+    queued = h.client.post(f"/proxy/{WS}/stasis/sandboxes/sbx-held/resume", headers=headers)
+    assert queued.status_code == 409 and queued.json["error"] == "resume_already_queued"
+    _held(h, requester="alice")
+    theirs = h.client.post(f"/proxy/{WS}/stasis/sandboxes/sbx-held/resume", headers=headers)
+    assert theirs.status_code == 404
+    assert len([e for e in h.bus.events if e.name == "sandbox.resume_requested"]) == 1
