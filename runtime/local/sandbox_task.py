@@ -566,6 +566,7 @@ class Monitor:
         """The working copy's diff against the base now, uploaded; never fatal. A private
         index (a copy of the task's) is used, so the task's own index is not changed."""
         out: dict[str, Any] = {"uri": None, "bytes": 0, "files": [], "detail": ""}
+        began = time.monotonic()
         base_sha = self._base_sha
         if base_sha is None or not (self.work / ".git").is_dir():
             out["detail"] = "no checkpoint: no repository in the working copy"
@@ -607,7 +608,8 @@ class Monitor:
             _upload(_storage_client().bucket(bucket_name), name, patch, "text/x-diff")
             out["uri"] = f"gs://{bucket_name}/{name}"
             out["detail"] = (f"checkpoint {sequence}: {len(out['files'])} files, "
-                             f"{out['bytes']} bytes")
+                             f"{out['bytes']} bytes, taken and uploaded in "
+                             f"{time.monotonic() - began:.2f} s")
         except Exception as exc:  # a checkpoint is for people to look at: never fatal
             out.update(uri=None, detail=f"no checkpoint: {type(exc).__name__}: {exc}")
         finally:

@@ -246,6 +246,9 @@ class SandboxRunner:
                     self._spawn(sandbox_id, self._report, sandbox_id, True)
                 return {"sandbox_id": sandbox_id, "accepted": True,
                         "detail": f"already {state}"}
+            if not self.root.is_dir():  # removed under a running agent (a cleanup)
+                self.root.mkdir(parents=True, exist_ok=True)
+                os.chmod(self.root, 0o711)
             directory.mkdir(mode=0o711, exist_ok=True)  # exists: a start that crashed
             os.chmod(directory, 0o711)
             spec.update(self._decisions(spec))

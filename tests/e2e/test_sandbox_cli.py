@@ -74,3 +74,45 @@ def test_a_refused_sandbox_says_why(local_stack, tmp_path):
                           "--allow-network", "pypi.org", "--wait", check=False)
     assert out.returncode == 1
     assert "FAILED" in out.stdout and "network destinations not permitted" in out.stdout
+
+
+def test_an_idle_sandbox_is_suspended_and_resumed_from_the_cli(local_stack, tmp_path):
+    repo = tmp_path / "idle-repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "empty")
+    try:
+        out = local_stack.cli(
+            "sandbox", "run", "--repo", str(repo), "--base", "main", "--idle-seconds", "1",
+            "--command", "echo first > a.txt; sleep 3; echo second > b.txt", "--wait",
+            "--json", check=False, timeout=240)
+        assert out.returncode == 3, out.stdout + out.stderr  # stopped at the suspension
+        doc = json.loads(out.stdout)
+        sandbox_id = doc["id"]
+        assert doc["state"] == "SUSPENDED" and doc["reason"] == "suspended_idle"
+        assert doc["limits"]["idle_seconds"] == 1 and doc["suspensions"] == 1
+        assert f"stasis sandbox resume {sandbox_id}" in doc["message"]
+
+        [line] = [x for x in local_stack.cli("sandbox", "list").stdout.splitlines()
+                  if sandbox_id in x]
+        assert "SUSPENDED" in line and "idle for" in line
+        shown = local_stack.cli("sandbox", "show", sandbox_id)
+        assert "+first" in shown.stdout and "+second" not in shown.stdout  # the checkpoint
+        assert "checkpoint patch" in shown.stderr
+
+        for _ in range(5):  # the rest of its sleep may idle it again
+            out = local_stack.cli("sandbox", "resume", sandbox_id, "--wait", "--json",
+                                  check=False, timeout=240)
+            doc = json.loads(out.stdout)
+            if doc["state"] != "SUSPENDED":
+                break
+        assert out.returncode == 0 and doc["state"] == "SUCCEEDED", doc["message"]
+        assert sorted(doc["files_changed"]) == ["a.txt", "b.txt"]
+        assert doc["suspended_at"] is None and doc["suspended_ms"] > 0
+
+        again = local_stack.cli("sandbox", "resume", sandbox_id, check=False)
+        assert again.returncode == 1 and "not suspended" in again.stderr
+    finally:
+        settings = AgentSettings(data_dir=local_stack.settings.data_dir)
+        for root in candidate_roots(settings, {}):
+            shutil.rmtree(root, ignore_errors=True)

@@ -481,7 +481,11 @@ def test_an_idle_task_is_frozen_with_a_checkpoint_and_finishes_after_a_resume(
     assert sum(p.cpu_times().user + p.cpu_times().system for p in procs) == cpu_before
     assert runner.status(sandbox_id)["state"] == "suspended"
 
+    asked = time.monotonic()
     assert runner.resume(sandbox_id)["resumed"] is True
+    print(f"idle sandbox: suspended {suspended.idle_seconds} s after its last progress, "
+          f"{suspended.detail}; resumed in "
+          f"{(time.monotonic() - asked) * 1000:.0f} ms")
     assert runner.resume(sandbox_id)["resumed"] is False  # idempotent: it runs again
     seen, deadline = 1, time.monotonic() + 60
     while time.monotonic() < deadline:  # the rest of its sleep may idle it again: resume
