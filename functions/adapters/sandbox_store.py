@@ -142,7 +142,7 @@ def _aware(doc: Mapping[str, Any] | None) -> dict[str, Any]:
     from datetime import UTC
 
     out = dict(doc or {})
-    for name in ("requested_at", "started_at", "finished_at"):
+    for name in ("requested_at", "started_at", "finished_at", "suspended_at"):
         value = out.get(name)
         if isinstance(value, datetime) and value.tzinfo is None:
             out[name] = value.replace(tzinfo=UTC)

@@ -445,7 +445,10 @@ class Monitor:
 
     def execute(self, log: Any) -> Watch:
         if self.idle_seconds:
-            self.hold = Hold.create(self.dir, str(self.spec["sandbox_id"]))
+            # STASIS_SANDBOX_FREEZER: where the freezer hierarchy is; empty: SIGSTOP only.
+            freezer = os.environ.get("STASIS_SANDBOX_FREEZER", str(FREEZER_ROOT))
+            self.hold = (Hold.create(self.dir, str(self.spec["sandbox_id"]), Path(freezer))
+                         if freezer else Hold(None))
         argv = exec_argv(self.spec, ["/bin/sh", "-c", str(self.spec["command"])],
                          cwd=str(self.work), cpu_seconds=self.limits["cpu_seconds"],
                          memory_bytes=self.limits["memory_bytes"], file_bytes=FILE_BYTES,
