@@ -841,3 +841,59 @@ def test_a_runtime_that_lost_a_suspended_sandbox_reports_it_lost(catalog: Catalo
     assert lost.name == "sandbox.finished" and lost.requestid == request.requestid
     assert lost.payload.termination == "runtime_lost"
     assert "refused to resume" in lost.payload.error
+
+
+class _SandboxPageReader:
+    """Just what the dashboard's sandboxes page reads: the catalog, counts, one page."""
+
+    def __init__(self, sandboxes: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
+        from functions.dashboard.reads import ReadStats
+
+        self.sandboxes, self.config, self.stats = sandboxes, config, ReadStats()
+
+    def document(self, collection: str, doc_id: str) -> dict[str, Any] | None:
+        return {**self.config, "id": doc_id} if (collection, doc_id) == ("catalog",
+                                                                         "current") else None
+
+    def documents(self, collection: str, doc_ids: Any) -> dict[str, Any]:
+        return {i: self.document(collection, i) for i in doc_ids}
+
+    def _where(self, where: Any) -> list[dict[str, Any]]:
+        return [{**d, "id": i} for i, d in self.sandboxes.items()
+                if all(d.get(name) == value for name, _op, value in where)]
+
+    def page(self, query: Any) -> Any:
+        from functions.dashboard.reads import Page
+
+        return Page(self._where(query.where))
+
+    def aggregate(self, queries: Any) -> list[dict[str, float]]:
+        return [{"count": len(self._where(q.where))} for q in queries]
+
+
+def test_the_dashboard_shows_a_suspended_sandbox_and_how_to_resume_it(catalog: Catalog) -> None:
+    import yaml
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request as WebRequest
+
+    from functions.dashboard.web import WebDeps
+    from functions.dashboard.web import handle as web
+
+    record, _ = admitted(catalog, "sbx-idle", TeamQueue())
+    held = suspend(record, Suspension("sbx-idle", 600), policy=DEFAULT_POLICY,
+                   queue=TeamQueue(("sbx-idle",)), load=lambda _i: None, now=NOW).sandboxes[0]
+    waiting = dataclasses.replace(held, id="sbx-wait", queue_position=1)
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    reader = _SandboxPageReader({s.id: s.to_doc() for s in (held, waiting)}, config)
+    environ = EnvironBuilder(path="/sandboxes", method="GET").get_environ()
+    environ["SCRIPT_NAME"] = "/dashboard"
+    deps = WebDeps(reader=lambda: reader, clock=lambda: NOW + timedelta(minutes=5),  # type: ignore[arg-type,return-value]
+                   iap=lambda _a, _u: None,  # type: ignore[arg-type,return-value]
+                   environ=lambda: {"FIRESTORE_EMULATOR_HOST": "127.0.0.1:1",
+                                    "STASIS_PROJECT": "p"})
+    html, status, _ = web(WebRequest(environ), deps)
+    assert status == 200, html
+    assert 'data-value="SUSPENDED" data-count="2"' in html
+    assert "idle, held since 5m 0s ago" in html
+    assert "stasis sandbox resume sbx-idle" in html
+    assert "#1 in queue to resume" in html
