@@ -310,6 +310,10 @@ class KubernetesSandboxRuntime:
                                    self.settings)
         self.kube.apply(restored)
 
+    def cleanup(self, sandbox_id: str, *, team: str) -> None:
+        """An ended sandbox: its objects go (the same deletions as :meth:`cancel`)."""
+        self.cancel(sandbox_id, team=team)
+
     def cancel(self, sandbox_id: str, *, team: str | None = None) -> None:
         """Delete the sandbox's Pod, Secret, policies and bundle (idempotent). A sandbox
         still running is reported ``cancelled`` (when a bus is given) under the id of the

@@ -41,6 +41,12 @@ class LocalSandboxRuntime:
     def cancel(self, sandbox_id: str) -> None:
         self._call("DELETE", f"/sandboxes/{sandbox_id}")
 
+    def cleanup(self, sandbox_id: str, *, team: str) -> None:
+        return None  # the monitor exits with the task; the working copy stays for `show`
+
+    def release(self, sandbox_id: str, *, team: str) -> None:
+        return None  # a frozen task already gave its CPU back; its memory stays resident
+
     def status(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = self._call("GET", f"/sandboxes/{sandbox_id}")
@@ -90,4 +96,10 @@ class NullSandboxRuntime:
         self.start(spec)
 
     def cancel(self, sandbox_id: str) -> None:
+        return None
+
+    def cleanup(self, sandbox_id: str, *, team: str) -> None:
+        return None
+
+    def release(self, sandbox_id: str, *, team: str) -> None:
         return None

@@ -72,6 +72,17 @@ class SandboxRuntime(Protocol):
 
     def cancel(self, sandbox_id: str) -> None: ...
 
+    def cleanup(self, sandbox_id: str, *, team: str) -> None:
+        """Free what an ended sandbox still holds on the runtime (a cluster's Pod, Secret,
+        policies and bundle; nothing locally, where the monitor exits with the task).
+        Idempotent: a redelivered outbox cleans up again."""
+        ...
+
+    def release(self, sandbox_id: str, *, team: str) -> None:
+        """Free the compute of a suspended sandbox whose method keeps it elsewhere (a Pod
+        Snapshot: the Pod is deleted); nothing for a local freeze."""
+        ...
+
 
 @dataclass
 class SandboxDeps:

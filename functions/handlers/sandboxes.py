@@ -18,6 +18,11 @@ published, so the sandbox is recorded FAILED and its slot goes to the next one. 
 that no longer has a sandbox it is asked to resume is answered the same way, with
 ``runtime_lost``.
 
+What a sandbox holds on its runtime after it ends or is held goes through the same outbox:
+a recorded end asks ``runtime.cleanup`` (a cluster deletes the Pod, Secret, policies and
+bundle; the monitor that reported the end only reads), and a suspension by Pod Snapshot
+asks ``runtime.release`` (the Pod goes; the snapshot keeps it).
+
 Each suspension of a sandbox is its own request to the ledger: the runtime publishes the
 n-th one with the requestid ``<the sandbox's requestid>.suspend-<n>``.
 """
@@ -58,6 +63,8 @@ log = logging.getLogger(__name__)
 SOURCE = "//stasis/functions/sandboxes"
 SANDBOXES = "sandboxes"
 QUEUES = "sandbox_queues"
+#: A suspension whose state lives in a Pod Snapshot: the Pod itself can go.
+POD_METHOD = "pod"
 
 
 def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
@@ -120,7 +127,8 @@ def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
         decision = finish(sandbox, report, policy=policy, queue=queue or TeamQueue(),
                           load=view.sandbox, now=now)
         _persist(view, decision, event, team, event.source, now)
-        return _outbox(decision), decision
+        ended = [{"cleanup": payload.sandbox_id, "team": team}] if decision.accepted else []
+        return [*ended, *_outbox(decision)], decision
 
     return _run(event, deps, consumer, payload.sandbox_id, decide, now)
 
@@ -143,7 +151,9 @@ def _suspended(event: Event[Any], payload: SandboxSuspended, deps: Deps,
         decision = suspend(sandbox, report, policy=policy, queue=queue, load=view.sandbox,
                            now=now)
         _persist(view, decision, event, team, event.source, now)
-        return _outbox(decision), decision
+        held = ([{"release": payload.sandbox_id, "team": team}]
+                if decision.accepted and payload.method == POD_METHOD else [])
+        return [*held, *_outbox(decision)], decision
 
     return _run(event, deps, consumer, payload.sandbox_id, decide, now)
 
@@ -216,6 +226,15 @@ def _persist(view: SandboxView, decision: Decision, event: Event[Any], team: str
 def _send(outbox: list[dict[str, Any]], deps: Deps, event: Event[Any]) -> None:
     sandboxes = _sandboxes(deps)
     for item in outbox:
+        if "cleanup" in item:
+            sandboxes.runtime.cleanup(item["cleanup"], team=item["team"])
+            continue
+        if "release" in item:
+            try:
+                sandboxes.runtime.release(item["release"], team=item["team"])
+            except RuntimeRefused as exc:  # no snapshot to come back to: it keeps running
+                log.warning("sandbox %s stays on its node: %s", item["release"], exc)
+            continue
         resuming = "resume" in item
         sandbox = sandboxes.store.get(item["resume"] if resuming else item["start"])
         if sandbox is None or sandbox.state != SandboxState.RUNNING:

@@ -503,6 +503,8 @@ class _FakeRuntime:
     def __init__(self, refuse: bool = False) -> None:
         self.started: list[RunSpec] = []
         self.resumed: list[RunSpec] = []
+        self.cleaned: list[tuple[str, str]] = []
+        self.released: list[tuple[str, str]] = []
         self.refuse = refuse
 
     def start(self, spec: RunSpec) -> None:
@@ -520,6 +522,12 @@ class _FakeRuntime:
         self.resumed.append(spec)
 
     def cancel(self, sandbox_id: str) -> None: ...
+
+    def cleanup(self, sandbox_id: str, *, team: str) -> None:
+        self.cleaned.append((sandbox_id, team))
+
+    def release(self, sandbox_id: str, *, team: str) -> None:
+        self.released.append((sandbox_id, team))
 
 
 def _deps(catalog: Catalog, runtime: _FakeRuntime) -> Any:
@@ -824,6 +832,30 @@ def test_the_handler_suspends_and_resumes_through_the_runtime(catalog: Catalog) 
     assert (doc["state"], doc["reason"], doc["suspensions"]) == ("RUNNING", "resumed", 1)
     handler.handle(resume, deps, "on_sandbox_resume_requested")  # a redelivery
     assert len(runtime.resumed) == 1
+
+
+def test_an_ended_sandbox_is_cleaned_up_and_a_pod_suspension_releases_its_pod(
+        catalog: Catalog) -> None:
+    from events import SandboxFinished, SandboxSuspended
+    from functions.handlers import sandboxes as handler
+
+    runtime = _FakeRuntime()
+    deps = _deps(catalog, runtime)
+    handler.handle(_requested("sbx-1"), deps, "on_sandbox_requested")
+    handler.handle(_event(SandboxSuspended("sbx-1", 600)), deps, "on_sandbox_suspended")
+    assert runtime.released == []  # a local freeze holds nothing more to free
+    handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")
+    pod = _event(SandboxSuspended("sbx-2", 600, method="pod"))
+    handler.handle(pod, deps, "on_sandbox_suspended")
+    assert runtime.released == [("sbx-2", "ml-a")]
+
+    assert runtime.cleaned == []
+    finished = _event(SandboxFinished("sbx-1", False, termination="cancelled"))
+    handler.handle(finished, deps, "on_sandbox_finished")
+    handler.handle(finished, deps, "on_sandbox_finished")  # a redelivery: done once
+    assert runtime.cleaned == [("sbx-1", "ml-a")]
+    handler.handle(_event(SandboxFinished("nobody", True)), deps, "on_sandbox_finished")
+    assert runtime.cleaned == [("sbx-1", "ml-a")]  # a report of nothing cleans nothing
 
 
 def test_a_runtime_that_lost_a_suspended_sandbox_reports_it_lost(catalog: Catalog) -> None:
