@@ -12,14 +12,16 @@ diff against the base ref for review (never applied automatically). Its life:
 
 - **Policy** (:class:`SandboxPolicy`): limits (CPU seconds, memory, wall clock, processes)
   with a default and a maximum, a per-team concurrency cap, a bound on the queue, and the
-  network destinations a team may open. It is read from the optional ``sandboxes`` section
+  network destinations a team may open and the repositories it may name (any, unless the
+  policy lists patterns). It is read from the optional ``sandboxes`` section
   of the applied admin config (``catalog/current``); every field has a default, so a
   config without the section gets :data:`DEFAULT_POLICY`. Team entries under ``teams``
   override the global fields one by one.
 - **Admission** (:func:`admit`): over the cap a request is QUEUED with its position, never
-  refused silently; only a full queue, a non-member, limits above the maximum or a network
-  destination the policy does not permit are refused, each with a message that says what
-  to do. The queue is first in, first out: a request never overtakes one already waiting.
+  refused silently; only a full queue, a non-member, limits above the maximum, a network
+  destination or a repository the policy does not permit are refused, each with a message
+  that says what to do. The queue is first in, first out: a request never overtakes one
+  already waiting.
 - **Completion** (:func:`finish`): the runtime's report becomes a terminal state with a
   named reason; the slot it held goes to the first queued sandbox(es).
 - **Idle** (:func:`suspend`, :func:`request_resume`): a task that makes no progress for
@@ -35,7 +37,9 @@ Everything here is a function of its inputs and ``now``; the handler loads and p
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import ipaddress
+import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -100,6 +104,7 @@ class Reason(StrEnum):
     INVALID_LIMITS = "invalid_limits"
     LIMIT_ABOVE_MAXIMUM = "limit_above_maximum"
     NETWORK_NOT_PERMITTED = "network_not_permitted"
+    REPOSITORY_NOT_PERMITTED = "repository_not_permitted"
     QUEUE_FULL = "queue_full"
     # refusals that change nothing
     SANDBOX_ID_IN_USE = "sandbox_id_in_use"
@@ -187,6 +192,9 @@ class SandboxPolicy:
     max_queued: int = 20
     #: Destinations a request may allow: host names, ``*.suffix`` wildcards, CIDRs.
     network: tuple[str, ...] = ()
+    #: Repositories a request may name (glob patterns over the path or URL as given,
+    #: e.g. ``/srv/git/*`` or ``https://github.com/org/*``); None: any.
+    repositories: tuple[str, ...] | None = None
 
 
 DEFAULT_POLICY = SandboxPolicy()
@@ -198,7 +206,7 @@ class Refusal:
     message: str
 
 
-_POLICY_KEYS = ("defaults", "maximum", "concurrency", "max_queued", "network")
+_POLICY_KEYS = ("defaults", "maximum", "concurrency", "max_queued", "network", "repositories")
 
 
 def policy_problems(section: Mapping[str, Any] | None) -> list[Problem]:
@@ -261,6 +269,11 @@ def _check_level(level: Mapping[str, Any], path: str, problems: list[Problem], *
     if network is not None and (not isinstance(network, list)
                                 or not all(isinstance(n, str) and n for n in network)):
         problems.append(Problem(f"{path}/network", "must be a list of destinations"))
+    repositories = level.get("repositories")
+    if repositories is not None and (not isinstance(repositories, list) or not all(
+            isinstance(r, str) and r.strip() for r in repositories)):
+        problems.append(Problem(f"{path}/repositories",
+                                "must be a list of repository patterns"))
 
 
 def _limit_problem(key: str, value: Any) -> str | None:
@@ -310,6 +323,8 @@ def _merged(section: Mapping[str, Any], team_id: str | None) -> SandboxPolicy:
             concurrency=int(level.get("concurrency", policy.concurrency)),
             max_queued=int(level.get("max_queued", policy.max_queued)),
             network=tuple(level.get("network", policy.network)),
+            repositories=(tuple(level["repositories"]) if level.get("repositories") is not None
+                          else policy.repositories),
         )
     return policy
 
@@ -633,7 +648,27 @@ def _refusal(request: Request, team: Team | None,
     limits = resolve_limits(request.limits, policy, team.id)
     if isinstance(limits, Refusal):
         return limits
-    return check_network(request.allowed_network, policy, team)
+    return (check_network(request.allowed_network, policy, team)
+            or check_repository(request.repository, policy, team))
+
+
+def repository_permitted(repository: str, patterns: Sequence[str]) -> bool:
+    """Whether ``repository`` matches one of the policy's glob patterns. A local path is
+    normalised first, so ``/srv/git/../etc`` is not under ``/srv/git/*``."""
+    wanted = repository.strip()
+    if wanted.startswith("/"):
+        wanted = posixpath.normpath(wanted)
+    return any(fnmatch.fnmatchcase(wanted, pattern.strip()) for pattern in patterns)
+
+
+def check_repository(repository: str, policy: SandboxPolicy, team: Team) -> Refusal | None:
+    if policy.repositories is None or repository_permitted(repository,
+                                                            policy.repositories):
+        return None
+    allowed = ", ".join(policy.repositories) or "none"
+    return Refusal(Reason.REPOSITORY_NOT_PERMITTED,
+                   f"repository {repository} is not one team {team.id}'s sandboxes may use "
+                   f"(the policy permits: {allowed}); ask {team.who_to_ask} to add it")
 
 
 def _record(request: Request, limits: Limits, state: SandboxState, reason: Reason,

@@ -56,9 +56,10 @@ def catalog() -> Catalog:
 
 
 def request(sandbox_id: str = "sbx-1", *, team: str = "ml-a", requester: str = "alice",
-            limits: dict[str, Any] | None = None, network: tuple[str, ...] = ()) -> Request:
+            limits: dict[str, Any] | None = None, network: tuple[str, ...] = (),
+            repository: str = "/src/repo") -> Request:
     return Request(sandbox_id=sandbox_id, team=team, requester=requester,
-                   repository="/src/repo", command="make fix", base_ref="main",
+                   repository=repository, command="make fix", base_ref="main",
                    limits=limits or {}, allowed_network=network, requestid=f"r-{sandbox_id}")
 
 
@@ -96,6 +97,8 @@ def test_team_overrides_apply_field_by_field() -> None:
     ({"defaults": {"memory": "lots"}}, "/sandboxes/defaults/memory"),
     ({"defaults": {"gpu": 1}}, "/sandboxes/defaults/gpu"),
     ({"network": "pypi.org"}, "/sandboxes/network"),
+    ({"repositories": "/srv/git/*"}, "/sandboxes/repositories"),
+    ({"teams": {"ml-a": {"repositories": [""]}}}, "/sandboxes/teams/ml-a/repositories"),
     ({"teams": {"ml-a": {"teams": {}}}}, "/sandboxes/teams/ml-a/teams"),
     ({"defaults": {"wall_clock_seconds": 7200}}, "/sandboxes"),
 ])
@@ -193,6 +196,29 @@ def test_network_refusal_says_whom_to_ask(catalog: Catalog) -> None:
                      queue=TeamQueue(), existing=None, now=NOW)
     assert "evil.example" in decision.message and "pypi.org," not in decision.message
     assert "alice" in decision.message  # ml-a's contact
+
+
+@pytest.mark.parametrize(("repository", "permitted"), [
+    ("/srv/git/app", True),
+    ("https://github.com/org/app.git", True),
+    ("/srv/git/../../etc/shadow-repo", False),   # normalised before matching
+    ("/home/bob/secret-repo", False),
+    ("https://github.com/other/app.git", False),
+])
+def test_only_the_policys_repositories_may_be_named(catalog: Catalog, repository: str,
+                                                    permitted: bool) -> None:
+    section = {"repositories": ["/srv/git/*", "https://github.com/org/*"],
+               "teams": {"ml-b": {"repositories": []}}}
+    policy = resolve_policy(section, "ml-a")
+    decision = admit(request(repository=repository), team=catalog.teams["ml-a"], policy=policy,
+                     queue=TeamQueue(), existing=None, now=NOW)
+    assert decision.accepted is permitted
+    if not permitted:
+        assert decision.reason == Reason.REPOSITORY_NOT_PERMITTED
+        assert repository in decision.message and "/srv/git/*" in decision.message
+    closed = resolve_policy(section, "ml-b")  # a team override with none: nothing at all
+    assert isinstance(closed, SandboxPolicy) and closed.repositories == ()
+    assert resolve_policy({}, "ml-a") == DEFAULT_POLICY and DEFAULT_POLICY.repositories is None
 
 
 def test_a_full_queue_is_refused_loudly(catalog: Catalog) -> None:
@@ -431,7 +457,8 @@ def test_the_policy_schema_and_the_domain_agree() -> None:
 
     good = {"concurrency": 3, "max_queued": 5, "defaults": {"memory": "1Gi"},
             "maximum": {"wall_clock_seconds": 1800}, "network": ["pypi.org", "10.0.0.0/8"],
-            "teams": {"ml-b": {"concurrency": 1}}}
+            "repositories": ["/srv/git/*"],
+            "teams": {"ml-b": {"concurrency": 1, "repositories": []}}}
     assert errors("sandbox_policy.schema.json", good) == [] and policy_problems(good) == []
     for bad in ({"concurency": 1}, {"defaults": {"gpu": 1}}, {"teams": {"ml-a": {"x": 1}}},
                 {"concurrency": 0}):
