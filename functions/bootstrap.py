@@ -36,8 +36,12 @@ def reconcile(request: Any) -> Any:
     """Scheduled repair of stuck transitions; answers the plan it carried out as JSON."""
     from functions.handlers.reconciler import reconcile as run
     from functions.handlers.reconciler import summary
+    from functions.ports import RuntimeUnavailable
 
-    return {"repairs": summary(run(deps(), fix=request.args.get("dry_run") is None))}
+    try:
+        return {"repairs": summary(run(deps(), fix=request.args.get("dry_run") is None))}
+    except RuntimeUnavailable as exc:  # the next scheduled run tries again
+        return {"error": f"the runtime did not answer: {exc}"}, 503
 
 
 def project() -> str:

@@ -456,25 +456,6 @@ def _bus(settings: Settings) -> Any:
     return PubSubBus(settings.project)
 
 
-@main.command()
-@click.option("--dry-run", is_flag=True, help="Report what would be repaired, change nothing.")
-@_json
-def reconcile(dry_run: bool, as_json: bool) -> None:
-    """Repair stuck PAUSING/RESUMING/PROVISIONING/DELETING and orphan servers now."""
-    import requests
-
-    settings = _settings()
-    url = f"{settings.functions_url}/reconcile/" + ("?dry_run=1" if dry_run else "")
-    repairs = requests.post(url, timeout=120).json()["repairs"]
-    if as_json:
-        _echo_json(repairs)
-        return
-    click.echo("nothing to repair" if not repairs else "\n".join(
-        # a workspace's, a sandbox's or a job's repair
-        f"{r.get('workspace_id') or r.get('sandbox_id') or r.get('job_id')}: {r['why']} -> "
-        f"{r['action']}" for r in repairs))
-
-
 # --- admin ---------------------------------------------------------------------------------
 @main.group()
 def admin() -> None:

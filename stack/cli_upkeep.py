@@ -1,4 +1,5 @@
-"""`stasis idle sweep`, `stasis janitor` and `stasis cost`: the scheduled jobs, on demand.
+"""`stasis idle sweep`, `stasis janitor`, `stasis cost` and `stasis reconcile`: the
+scheduled jobs, on demand.
 
 Each calls the same HTTP function Cloud Scheduler calls (``idle_sweep``, ``janitor``,
 ``cost_rollup`` on the function host), so what the CLI shows is what the schedule does.
@@ -54,7 +55,8 @@ def idle() -> None:
 @idle.command("sweep")
 @click.option("--dry-run", is_flag=True, help="Say which workspaces would pause; pause none.")
 @click.option("--every", type=click.IntRange(min=10), default=None, metavar="SECONDS",
-              help="Keep sweeping every SECONDS (the local stack has no Cloud Scheduler).")
+              help="Keep sweeping every SECONDS (the local stack's scheduler already sweeps "
+                   "every 5 minutes).")
 @_json
 def idle_sweep(dry_run: bool, every: int | None, as_json: bool) -> None:
     """Check every RUNNING workspace against its idle policy now; pause the idle ones."""
@@ -174,3 +176,19 @@ def _gib(n: int) -> str:
 
 for _command in (idle, janitor, cost):
     main.add_command(_command)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Report what would be repaired, change nothing.")
+@_json
+def reconcile(dry_run: bool, as_json: bool) -> None:
+    """Repair stuck transitions, orphan servers, and sandboxes and jobs whose runtime went
+    silent, now."""
+    repairs = _call("reconcile", **({"dry_run": "1"} if dry_run else {}))["repairs"]
+    if as_json:
+        _echo_json(repairs)
+        return
+    click.echo("nothing to repair" if not repairs else "\n".join(
+        # a workspace's, a sandbox's or a job's repair
+        f"{r.get('workspace_id') or r.get('sandbox_id') or r.get('job_id')}: {r['why']} -> "
+        f"{r['action']}" for r in repairs))

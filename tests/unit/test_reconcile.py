@@ -247,3 +247,19 @@ def test_the_reconciler_ends_lost_jobs_once_and_dry_run_publishes_none() -> None
         ("job.finished", "reconcile-job-lost-lost", "job-lost", "runtime_lost")] * 2
     assert summary(result)[-1] == {"job_id": "job-lost", "why": result.jobs[0].why,
                                    "action": "JobFinished"}
+
+
+def test_an_unreachable_runtime_answers_503_with_the_reason(monkeypatch) -> None:
+    from functions import bootstrap
+    from functions.ports import RuntimeUnavailable
+
+    class Runtime:
+        def list(self) -> list[Any]:
+            raise RuntimeUnavailable("node agent at http://127.0.0.1:1 unreachable")
+
+    fake = SimpleNamespace(store=SimpleNamespace(list_workspaces=lambda states: []),
+                           runtime=Runtime(), clock=lambda: datetime.now(UTC),
+                           sandboxes=None, jobs=None)
+    monkeypatch.setattr(bootstrap, "deps", lambda: fake)
+    body, status = bootstrap.reconcile(SimpleNamespace(args={}))
+    assert status == 503 and "node agent at http://127.0.0.1:1 unreachable" in body["error"]
