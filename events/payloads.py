@@ -231,6 +231,28 @@ class SandboxSuspended:
 
 
 @dataclass(frozen=True)
+class SandboxIdleDetected:
+    """A runtime saw a running sandbox make no progress for ``idle_seconds``: on
+    Kubernetes, its ``task`` container's CPU (metrics.k8s.io) stayed below
+    ``threshold_millicores`` the whole time. The control plane decides: a RUNNING sandbox
+    idle past its ``idle_seconds`` limit is suspended (sandbox.suspended follows).
+    """
+
+    sandbox_id: str
+    #: How long the task had been below the threshold when it was reported.
+    idle_seconds: int
+    observed_at: str
+    #: What was measured, for people (``cpu of container task (metrics.k8s.io)``).
+    measured: str = ""
+    threshold_millicores: float = 0.0
+    #: The highest CPU seen during the idle period, and how many samples it spans.
+    peak_millicores: float = 0.0
+    samples: int = 0
+    #: The suspension this would be, as the runtime counts them (those begun + 1).
+    sequence: int = 1
+
+
+@dataclass(frozen=True)
 class SandboxResumeRequested:
     """Bring a suspended sandbox back (CLI, chat, an agent): it resumes when a slot is free."""
 
@@ -325,6 +347,7 @@ CATALOG: dict[str, EventSpec] = {
         EventSpec("sandbox.finished", SandboxFinished),
         EventSpec("sandbox.suspended", SandboxSuspended),
         EventSpec("sandbox.resume_requested", SandboxResumeRequested),
+        EventSpec("sandbox.idle_detected", SandboxIdleDetected),
         EventSpec("snapshot.expired", SnapshotExpired),
         EventSpec("job.submitted", JobSubmitted),
         EventSpec("job.finished", JobFinished),

@@ -109,6 +109,11 @@ def on_sandbox_resume_requested(cloud_event):  # type: ignore[no-untyped-def]
     bootstrap.deliver("on_sandbox_resume_requested", cloud_event)
 
 
+@functions_framework.cloud_event
+def on_sandbox_idle_detected(cloud_event):  # type: ignore[no-untyped-def]
+    bootstrap.deliver("on_sandbox_idle_detected", cloud_event)
+
+
 @functions_framework.http
 def idle_sweep(request):  # type: ignore[no-untyped-def]
     return bootstrap.idle_sweep(request)

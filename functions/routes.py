@@ -49,6 +49,7 @@ ROUTES: dict[str, Route] = {
         Route("on_sandbox_suspended", "sandbox.suspended", sandbox_handler.handle),
         Route("on_sandbox_resume_requested", "sandbox.resume_requested",
               sandbox_handler.handle),
+        Route("on_sandbox_idle_detected", "sandbox.idle_detected", sandbox_handler.handle),
         Route("on_job_submitted", "job.submitted", job_handler.handle),
         Route("on_job_finished", "job.finished", job_handler.handle),
     )

@@ -47,6 +47,13 @@ class LocalSandboxRuntime:
     def release(self, sandbox_id: str, *, team: str) -> None:
         return None  # a frozen task already gave its CPU back; its memory stays resident
 
+    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
+        # The node agent's monitor measures idleness and freezes the task itself, so
+        # nothing local reports sandbox.idle_detected; a command that reaches this runtime
+        # anyway is refused (and logged) rather than silently taken for done.
+        raise RuntimeRefused(f"the local runtime suspends idle sandboxes by itself; "
+                             f"sandbox {sandbox_id} was not suspended on command")
+
     def status(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = self._call("GET", f"/sandboxes/{sandbox_id}")
@@ -103,3 +110,6 @@ class NullSandboxRuntime:
 
     def release(self, sandbox_id: str, *, team: str) -> None:
         return None
+
+    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
+        raise RuntimeRefused(f"{self.reason}: nothing to suspend")

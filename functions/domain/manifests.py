@@ -1060,7 +1060,9 @@ def monitor_manifests(*, project: str, image: str | None = None,
                             ["get", "list", "watch"]),
                       # the job watcher: JobSets' ends, a failed host's log
                       _rule("jobset.x-k8s.io", ["jobsets"], ["get", "list", "watch"]),
-                      _rule("", ["pods/log"], ["get"])]}
+                      _rule("", ["pods/log"], ["get"]),
+                      # the sandbox watch: a sandbox task's CPU, to see it idle
+                      _rule("metrics.k8s.io", ["pods"], ["get", "list"])]}
     binding = {"apiVersion": f"{RBAC_API}/v1", "kind": "ClusterRoleBinding",
                "metadata": _meta(MONITOR, labels=labels),
                "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": MONITOR},

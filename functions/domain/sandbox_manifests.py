@@ -279,7 +279,9 @@ def sandbox_pod(spec: RunSpec, base_sha: str,
     annotations = {ANN_SANDBOX_ID: spec.sandbox_id, ANN_REQUESTID: spec.requestid,
                    ANN_TEAM_ID: spec.team, ANN_BUCKET: spec.bucket, ANN_PREFIX: spec.prefix,
                    ANN_BASE_SHA: base_sha, ANN_MEMORY: memory,
-                   ANN_NETWORK: network_description(spec, settings)}
+                   ANN_NETWORK: network_description(spec, settings),
+                   # the cluster monitor reports it idle after this long (0: never)
+                   ANN_IDLE_SECONDS: str(spec.limits.idle_seconds)}
     aliases = [{"ip": ip, "hostnames": list(hosts)}
                for ip, hosts in settings.transfer_host_aliases]
     meta = _meta(spec, settings, annotations)

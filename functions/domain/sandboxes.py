@@ -26,7 +26,8 @@ diff against the base ref for review (never applied automatically). Its life:
   named reason; the slot it held goes to the first queued sandbox(es).
 - **Idle** (:func:`suspend`, :func:`request_resume`): a task that makes no progress for
   its ``idle_seconds`` is held by the runtime and reported suspended; its slot goes to
-  the queue. A resume request takes a slot when one is free, else waits in the same
+  the queue. A runtime that only reports idleness (a cluster) is commanded to suspend by
+  :func:`idle_detected`. A resume request takes a slot when one is free, else waits in the same
   queue as new requests (first in, first out) and is resumed, not started, when promoted.
 - **Network**: none by default. A destination is permitted when it equals a policy entry,
   falls under a ``*.suffix`` entry, or (an address or CIDR) lies inside a policy CIDR.
@@ -96,6 +97,8 @@ class Reason(StrEnum):
     SUSPENDED_IDLE = "suspended_idle"
     RESUMED = "resumed"
     RESUME_QUEUED = "resume_queued"
+    #: An idle report on which the control plane commands the runtime to suspend.
+    SUSPENDING_IDLE = "suspending_idle"
     # refusals of a request: recorded FAILED, holding no slot
     UNKNOWN_TEAM = "unknown_team"
     NOT_A_MEMBER = "not_a_member"
@@ -116,6 +119,8 @@ class Reason(StrEnum):
     ALREADY_SUSPENDED = "already_suspended"
     STALE_REPORT = "stale_report"
     RESUME_ALREADY_QUEUED = "resume_already_queued"
+    IDLE_SUSPENSION_OFF = "idle_suspension_off"
+    NOT_IDLE_LONG_ENOUGH = "not_idle_long_enough"
 
 
 #: Termination -> (state, reason).
@@ -561,6 +566,26 @@ class Suspension:
 
 
 @dataclass(frozen=True)
+class IdleReport:
+    """A sandbox.idle_detected event's payload, as the idle rules see it."""
+
+    sandbox_id: str
+    idle_seconds: int
+    #: The suspension this would be, as the runtime counts them (those begun + 1).
+    sequence: int = 1
+
+
+@dataclass(frozen=True)
+class SuspendCommand:
+    """Suspend a running sandbox: its ``sequence``-th suspension, after ``idle_seconds``."""
+
+    sandbox_id: str
+    team: str
+    sequence: int
+    idle_seconds: int
+
+
+@dataclass(frozen=True)
 class Decision:
     """What to write and what to start.
 
@@ -578,6 +603,9 @@ class Decision:
     start: tuple[str, ...] = ()
     positions: tuple[tuple[str, int, str], ...] = ()
     resume: tuple[str, ...] = ()
+    #: Running sandboxes the runtime must suspend now (idle on a runtime that only
+    #: reports idleness, like a cluster).
+    suspend: tuple[SuspendCommand, ...] = ()
 
     @property
     def subject(self) -> Sandbox | None:
@@ -842,6 +870,47 @@ def suspend(sandbox: Sandbox | None, report: Suspension, *, policy: SandboxPolic
     held = dataclasses.replace(held, message=suspended_message(held, report))
     freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id), queue.queued)
     return _released(held, Reason.SUSPENDED_IDLE, freed, policy, load, now)
+
+
+def idle_detected(sandbox: Sandbox | None, report: IdleReport) -> Decision:
+    """A runtime saw a sandbox idle: command its suspension when it is RUNNING, may be
+    suspended, and was idle at least its limit; anything else changes nothing. The
+    record stays RUNNING until the runtime reports sandbox.suspended (:func:`suspend`)."""
+    if sandbox is None:
+        return Decision(False, Reason.UNKNOWN_SANDBOX,
+                        f"no sandbox {report.sandbox_id}: an idle report for a sandbox never "
+                        "admitted")
+    if sandbox.terminal:
+        return Decision(False, Reason.ALREADY_FINISHED,
+                        f"sandbox {sandbox.id} already ended {sandbox.state} ({sandbox.reason})")
+    if sandbox.state == SandboxState.SUSPENDED:
+        return Decision(False, Reason.ALREADY_SUSPENDED,
+                        f"sandbox {sandbox.id} is already suspended")
+    if sandbox.state != SandboxState.RUNNING:
+        return Decision(False, Reason.NOT_RUNNING,
+                        f"sandbox {sandbox.id} is {sandbox.state}, not running: idle report "
+                        "ignored")
+    if report.sequence <= sandbox.suspensions:
+        # About the period before a suspension already recorded (resumed since).
+        return Decision(False, Reason.STALE_REPORT,
+                        f"idle report {report.sequence} of sandbox {sandbox.id} is not newer "
+                        f"than the {sandbox.suspensions} suspensions recorded: ignored")
+    limit = sandbox.limits.idle_seconds
+    if limit == 0:
+        return Decision(False, Reason.IDLE_SUSPENSION_OFF,
+                        f"sandbox {sandbox.id} is never suspended (idle_seconds 0)")
+    if report.idle_seconds < limit:
+        return Decision(False, Reason.NOT_IDLE_LONG_ENOUGH,
+                        f"sandbox {sandbox.id} was idle {report.idle_seconds} s, less than "
+                        f"its limit of {limit} s")
+    # The runtime's count wins when it is ahead: a snapshot that failed began a
+    # suspension the record never saw, and its number must not be reused.
+    sequence = max(sandbox.suspensions + 1, report.sequence)
+    return Decision(True, Reason.SUSPENDING_IDLE,
+                    f"sandbox {sandbox.id} idle {report.idle_seconds} s (limit {limit} s): "
+                    f"suspending it (suspension {sequence})",
+                    suspend=(SuspendCommand(sandbox.id, sandbox.team, sequence,
+                                            report.idle_seconds),))
 
 
 def suspended_message(sandbox: Sandbox, report: Suspension) -> str:

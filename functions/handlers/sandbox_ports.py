@@ -83,6 +83,13 @@ class SandboxRuntime(Protocol):
         Snapshot: the Pod is deleted); nothing for a local freeze."""
         ...
 
+    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
+        """Hold a running sandbox that a runtime reported idle (sandbox.idle_detected): its
+        ``sequence``-th suspension, reported back as sandbox.suspended. Idempotent per
+        sequence (RuntimeUnavailable: retry; RuntimeRefused: nothing to suspend, or a
+        runtime that suspends by itself)."""
+        ...
+
 
 @dataclass
 class SandboxDeps:

@@ -1,5 +1,6 @@
 """Sandbox handler: admission on sandbox.requested, completion on sandbox.finished, idle
-suspension on sandbox.suspended and resume on sandbox.resume_requested.
+suspension on sandbox.idle_detected and sandbox.suspended, and resume on
+sandbox.resume_requested.
 
 load (in the transaction: the sandbox, the team's queue, the policy) -> decide
 (``functions.domain.sandboxes``) -> persist (same transaction: ``sandboxes/{id}``, the
@@ -25,6 +26,12 @@ asks ``runtime.release`` (the Pod goes; the snapshot keeps it).
 
 Each suspension of a sandbox is its own request to the ledger: the runtime publishes the
 n-th one with the requestid ``<the sandbox's requestid>.suspend-<n>``.
+
+A runtime that only measures idleness (the cluster monitor, which reads but never writes)
+reports sandbox.idle_detected; when the sandbox may be suspended the outbox asks
+``runtime.suspend`` (on Kubernetes: a Pod Snapshot trigger), and the runtime's
+sandbox.suspended then records it as above. A refusal (no running pod any more) is logged
+and not retried: the next idle period is reported again.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any
 from events import (
     Event,
     SandboxFinished,
+    SandboxIdleDetected,
     SandboxRequested,
     SandboxResumeRequested,
     SandboxSuspended,
@@ -43,6 +51,7 @@ from events import (
 from functions.domain.catalog import Catalog
 from functions.domain.sandboxes import (
     Decision,
+    IdleReport,
     Report,
     Request,
     RunSpec,
@@ -51,6 +60,7 @@ from functions.domain.sandboxes import (
     TeamQueue,
     admit,
     finish,
+    idle_detected,
     request_resume,
     resolve_policy,
     suspend,
@@ -77,6 +87,8 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
         return _suspended(event, event.payload, deps, consumer)
     if isinstance(event.payload, SandboxResumeRequested):
         return _resume_requested(event, event.payload, deps, consumer)
+    if isinstance(event.payload, SandboxIdleDetected):
+        return _idle_detected(event, event.payload, deps, consumer)
     raise TypeError(f"the sandbox handler does not take {event.name}")
 
 
@@ -177,8 +189,26 @@ def _resume_requested(event: Event[Any], payload: SandboxResumeRequested, deps: 
     return _run(event, deps, consumer, payload.sandbox_id, decide, now)
 
 
+def _idle_detected(event: Event[Any], payload: SandboxIdleDetected, deps: Deps,
+                   consumer: str) -> Decision | None:
+    now = deps.clock()
+    report = IdleReport(sandbox_id=payload.sandbox_id, idle_seconds=payload.idle_seconds,
+                        sequence=payload.sequence)
+
+    def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
+        sandbox = view.sandbox(payload.sandbox_id)
+        decision = idle_detected(sandbox, report)
+        _persist(view, decision, event, sandbox.team if sandbox is not None else "",
+                 event.source, now)
+        return _outbox(decision), decision
+
+    return _run(event, deps, consumer, payload.sandbox_id, decide, now)
+
+
 def _outbox(decision: Decision) -> list[dict[str, Any]]:
-    return [*({"start": s} for s in decision.start), *({"resume": s} for s in decision.resume)]
+    return [*({"start": s} for s in decision.start), *({"resume": s} for s in decision.resume),
+            *({"suspend": c.sandbox_id, "team": c.team, "sequence": c.sequence,
+               "idle_seconds": c.idle_seconds} for c in decision.suspend)]
 
 
 def _run(event: Event[Any], deps: Deps, consumer: str, subject: str, decide: Any,
@@ -234,6 +264,14 @@ def _send(outbox: list[dict[str, Any]], deps: Deps, event: Event[Any]) -> None:
                 sandboxes.runtime.release(item["release"], team=item["team"])
             except RuntimeRefused as exc:  # no snapshot to come back to: it keeps running
                 log.warning("sandbox %s stays on its node: %s", item["release"], exc)
+            continue
+        if "suspend" in item:
+            try:
+                sandboxes.runtime.suspend(item["suspend"], team=item["team"],
+                                          sequence=int(item["sequence"]),
+                                          idle_seconds=int(item["idle_seconds"]))
+            except RuntimeRefused as exc:  # it ended or moved meanwhile: nothing to hold
+                log.warning("sandbox %s not suspended: %s", item["suspend"], exc)
             continue
         resuming = "resume" in item
         sandbox = sandboxes.store.get(item["resume"] if resuming else item["start"])

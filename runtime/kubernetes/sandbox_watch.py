@@ -13,23 +13,42 @@ It also reports **sandbox.suspended** (method ``pod``) once the PodSnapshot of a
 sandbox's PodSnapshotManualTrigger (``KubernetesSandboxRuntime.suspend``) is Ready, with
 the requestid of that suspension (``<the sandbox's requestid>.suspend-<n>``).
 
+And it reports **sandbox.idle_detected**: a running sandbox Pod whose ``task`` container
+used less than ``idle_millicores`` of CPU (metrics.k8s.io PodMetrics, metrics-server's
+averages over its window) on every sample for the Pod's ``stasis.dev/idle-seconds``
+(its limit). One report per idle period: the event id and requestid
+(``<the sandbox's requestid>.idle-<n>``) name the suspension it would be, n being one
+more than the sandbox's PodSnapshotManualTriggers. The control plane decides and commands
+``KubernetesSandboxRuntime.suspend``. Not measured: a Pod whose suspension is in flight
+(its latest trigger pending, or done and the Pod not restored from it), a sandbox that is
+never suspended (idle-seconds 0), and every Pod on a cluster without Pod Snapshots (it
+could not be suspended) or without the metrics API (logged once: idle suspension needs
+metrics-server). A pass without a sample of a Pod, or with one at or above the threshold,
+starts its idle period over, so a busy Pod is never reported; a sample is taken at most
+every ``metrics_interval`` seconds, and a burst shorter than metrics-server's window may
+average below the threshold (a task that waits on nothing uses none).
+
 The monitor only reads, in the cluster and in the bucket (its ClusterRole gets, lists and
 watches): the control plane deletes the sandbox's objects and bundle as it records the
 end (``KubernetesSandboxRuntime.cancel``), whoever reported it, as for jobs.
 
 Level-triggered like the monitor: each pass looks at every sandbox Pod; a Pod that ended
 is reported once per process, and again after a restart while its objects remain, with the
-same id and requestid, which the control plane's ledger absorbs.
+same id and requestid, which the control plane's ledger absorbs. Idle periods live in
+memory: after a restart idleness is measured again from scratch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from events import SandboxFinished, SandboxSuspended, new_event
+from events import SandboxFinished, SandboxIdleDetected, SandboxSuspended, new_event
 from functions.adapters.kube_api import KubeApi
 from functions.adapters.kubernetes_sandbox_runtime import SOURCE, finished_event_id
 from functions.domain import manifests as m
@@ -40,6 +59,11 @@ log = logging.getLogger(__name__)
 
 #: Largest patch read to list its files (bigger ones are reported by size only).
 MAX_PATCH_READ = 64 << 20
+#: CPU of the task container below which a sample counts as no progress (millicores).
+IDLE_MILLICORES = 5.0
+#: Least time between two reads of the metrics API (metrics-server's resolution).
+METRICS_INTERVAL_S = 15.0
+METRICS_GROUP, METRICS_VERSION = "metrics.k8s.io", "v1beta1"
 
 
 class Logs(Protocol):
@@ -55,40 +79,168 @@ class Snapshots(Protocol):
     def podsnapshot(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
+class Metrics(Protocol):
+    """Pod metrics as the monitor reads them (:class:`KubePodMetrics`)."""
+
+    def pod_metrics(self) -> list[dict[str, Any]] | None:
+        """Every sandbox PodMetrics (None: the cluster has no metrics API)."""
+        ...
+
+
+class KubePodMetrics:
+    """:class:`Metrics` over the official client's ``CustomObjectsApi`` (metrics-server
+    serves ``metrics.k8s.io`` through the API server's aggregation layer)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def pod_metrics(self) -> list[dict[str, Any]] | None:
+        import json
+
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.custom.list_cluster_custom_object(
+                METRICS_GROUP, METRICS_VERSION, "pods",
+                label_selector=sm.sandbox_labels_selector(), _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:  # no metrics-server (APIService not registered)
+                return None
+            raise
+        data = json.loads(getattr(response, "data", b"") or b"{}")
+        items = data.get("items") if isinstance(data, dict) else None
+        return [i for i in items or [] if isinstance(i, dict)]
+
+
+@dataclass
+class _Idle:
+    """One Pod's current idle period."""
+
+    since: datetime
+    peak_millicores: float
+    samples: int
+    last_sample: str
+
+
 class SandboxWatch:
     def __init__(self, pods: Callable[[], list[dict[str, Any]]], logs: Logs, storage: Any,
-                 bus: Any, *, snapshots: Snapshots | None = None) -> None:
+                 bus: Any, *, snapshots: Snapshots | None = None,
+                 metrics: Metrics | None = None, idle_millicores: float = IDLE_MILLICORES,
+                 metrics_interval: float = METRICS_INTERVAL_S,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         """``pods``: every Stasis Pod of the cluster (``KubeCluster.pods``); ``logs``: a
         failed checkout's log (``KubeApi``); ``storage``: a ``google.cloud.storage.Client``;
         ``bus``: where the events go; ``snapshots``: triggers and PodSnapshots (None: a
-        cluster without Pod Snapshots)."""
+        cluster without Pod Snapshots); ``metrics``: PodMetrics (None: idleness is not
+        measured); ``idle_millicores``: the task's CPU that counts as no progress."""
         self.pods = pods
         self.logs = logs
         self.storage = storage
         self.bus = bus
         self.snapshots = snapshots
+        self.metrics = metrics
+        self.idle_millicores = idle_millicores
+        self.metrics_interval = metrics_interval
+        self.clock = clock
         self._reported: set[str] = set()
+        self._idle: dict[tuple[str, str, str, int], _Idle] = {}
+        self._measured_at: datetime | None = None
+        self._no_metrics_logged = False
 
     @classmethod
     def from_environment(cls, pods: Callable[[], list[dict[str, Any]]], api_client: Any,
                          bus: Any, *, snapshots: Snapshots | None = None) -> SandboxWatch:
+        """``STASIS_SANDBOX_IDLE_MILLICORES``: the idle threshold (default 5)."""
         from google.cloud import storage
 
         client = (storage.Client.create_anonymous_client()
                   if os.environ.get("STORAGE_EMULATOR_HOST")
                   else storage.Client(project=os.environ.get("STASIS_PROJECT") or None))
-        return cls(pods, KubeApi(api_client), client, bus, snapshots=snapshots)
+        threshold = float(os.environ.get("STASIS_SANDBOX_IDLE_MILLICORES") or IDLE_MILLICORES)
+        return cls(pods, KubeApi(api_client), client, bus, snapshots=snapshots,
+                   metrics=KubePodMetrics(api_client), idle_millicores=threshold)
 
     def sync(self) -> bool:
         """One pass over every sandbox Pod and suspension; True while one is in flight."""
         busy = False
-        for pod in self.pods():
-            if sm.is_sandbox(pod):
-                busy |= self.observe(pod)
-        for trigger in self.snapshots.triggers() if self.snapshots is not None else []:
-            if sm.is_sandbox(trigger):
-                busy |= self.observe_suspension(trigger)
+        pods = [p for p in self.pods() if sm.is_sandbox(p)]
+        for pod in pods:
+            busy |= self.observe(pod)
+        triggers = [t for t in (self.snapshots.triggers() if self.snapshots is not None
+                                else []) if sm.is_sandbox(t)]
+        for trigger in triggers:
+            busy |= self.observe_suspension(trigger)
+        self.measure_idle(pods, triggers)
         return busy
+
+    # -- idleness --------------------------------------------------------------------------
+
+    def measure_idle(self, pods: list[dict[str, Any]], triggers: list[dict[str, Any]]) -> None:
+        """Take one CPU sample of every running sandbox Pod that may be suspended (at most
+        every ``metrics_interval``) and report those idle for their limit."""
+        if self.metrics is None or self.snapshots is None:
+            return
+        now = self.clock()
+        if self._measured_at is not None and \
+                (now - self._measured_at).total_seconds() < self.metrics_interval:
+            return
+        candidates = {key: (pod, limit) for pod in pods
+                      if (key := _idle_key(pod, triggers)) is not None
+                      and (limit := _int(m.annotations_of(pod).get(sm.ANN_IDLE_SECONDS))) > 0}
+        self._idle = {k: v for k, v in self._idle.items() if k in candidates}
+        if not candidates:
+            return
+        self._measured_at = now
+        samples = self.metrics.pod_metrics()
+        if samples is None:
+            if not self._no_metrics_logged:
+                log.warning("the cluster has no metrics API (metrics.k8s.io): idle "
+                            "sandboxes are not suspended; idle suspension needs "
+                            "metrics-server")
+                self._no_metrics_logged = True
+            self._idle.clear()
+            return
+        by_pod = {(str((s.get("metadata") or {}).get("namespace")),
+                   str((s.get("metadata") or {}).get("name"))): s for s in samples}
+        for key, (pod, limit) in candidates.items():
+            self._sample(key, pod, limit, by_pod.get(key[:2]), now)
+
+    def _sample(self, key: tuple[str, str, str, int], pod: Mapping[str, Any], limit: int,
+                sample: Mapping[str, Any] | None, now: datetime) -> None:
+        millicores = _task_millicores(sample)
+        if millicores is None or millicores >= self.idle_millicores:
+            self._idle.pop(key, None)  # busy, or not seen: the period starts over
+            return
+        stamp = str((sample or {}).get("timestamp") or "")
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = _Idle(now, millicores, 1, stamp)
+        elif stamp != idle.last_sample:
+            idle.samples, idle.last_sample = idle.samples + 1, stamp
+            idle.peak_millicores = max(idle.peak_millicores, millicores)
+        seconds = int((now - idle.since).total_seconds())
+        if seconds < limit:
+            return
+        annotations = m.annotations_of(pod)
+        sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
+        sequence = key[3]
+        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
+        event_id = idle_event_id(sandbox_id, requestid, sequence)
+        if event_id in self._reported:
+            return
+        payload = SandboxIdleDetected(
+            sandbox_id=sandbox_id, idle_seconds=seconds, observed_at=now.isoformat(),
+            measured=f"cpu of container {sm.TASK_CONTAINER} ({METRICS_GROUP} PodMetrics)",
+            threshold_millicores=self.idle_millicores,
+            peak_millicores=round(idle.peak_millicores, 3), samples=idle.samples,
+            sequence=sequence)
+        self.bus.publish(new_event(payload, source=SOURCE,
+                                   requestid=idle_requestid(requestid, sequence), id=event_id))
+        self._reported.add(event_id)
+        log.info("sandbox %s idle for %d s (suspension %d would be next)", sandbox_id,
+                 seconds, sequence)
 
     def observe_suspension(self, trigger: Mapping[str, Any]) -> bool:
         """Report a sandbox's snapshot once it is Ready (once); True while it is taken."""
@@ -179,6 +331,58 @@ class SandboxWatch:
             patch_bytes=int(patch.size or 0) if patch is not None else 0,
             files_changed=files, duration_ms=sm.task_duration_ms(pod),
             network=str(annotations.get(sm.ANN_NETWORK) or ""))
+
+
+def idle_requestid(requestid: str, sequence: int) -> str:
+    """The requestid of the idle report before a sandbox's n-th suspension."""
+    return f"{requestid}.idle-{sequence}"
+
+
+def idle_event_id(sandbox_id: str, requestid: str, sequence: int) -> str:
+    """One id per idle period: a restarted watch reporting it again is a duplicate."""
+    key = f"k8s-sandbox-idle:{sandbox_id}:{requestid}:{sequence}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _idle_key(pod: Mapping[str, Any],
+              triggers: list[dict[str, Any]]) -> tuple[str, str, str, int] | None:
+    """(namespace, name, restored from, next suspension) of a running sandbox Pod whose
+    idleness counts; None while it is not running or its suspension is in flight."""
+    meta = pod.get("metadata") or {}
+    annotations = m.annotations_of(pod)
+    sandbox_id = annotations.get(sm.ANN_SANDBOX_ID)
+    if not sandbox_id or meta.get("deletionTimestamp") or \
+            (pod.get("status") or {}).get("phase") != "Running" or \
+            sm.pod_outcome(pod, None) is not None:
+        return None
+    namespace = str(meta.get("namespace") or "")
+    restored_from = str(annotations.get(m.PS_NAME_ANNOTATION) or "")
+    own = [t for t in triggers
+           if (t.get("metadata") or {}).get("namespace") == namespace
+           and m.annotations_of(t).get(sm.ANN_SANDBOX_ID) == sandbox_id]
+    latest = max(own, key=lambda t: _int(m.annotations_of(t).get(sm.ANN_SEQUENCE)),
+                 default=None)
+    sequence = 1
+    if latest is not None:
+        sequence = _int(m.annotations_of(latest).get(sm.ANN_SEQUENCE)) + 1
+        outcome = m.trigger_outcome(latest)
+        if outcome.state == "pending" or (outcome.state == "succeeded"
+                                          and outcome.name != restored_from):
+            return None  # being snapshotted, or snapshotted and about to be released
+    return namespace, str(meta.get("name") or ""), restored_from, sequence
+
+
+def _task_millicores(sample: Mapping[str, Any] | None) -> float | None:
+    """The task container's CPU in a PodMetrics (None: not in it)."""
+    from kubernetes.utils import parse_quantity
+
+    for container in (sample or {}).get("containers") or []:
+        if container.get("name") == sm.TASK_CONTAINER:
+            try:
+                return float(parse_quantity((container.get("usage") or {}).get("cpu")) * 1000)
+            except (TypeError, ValueError):
+                return None
+    return None
 
 
 def _read(bucket: Any, name: str) -> bytes | None:

@@ -29,6 +29,8 @@ RESOURCES = (
     "podsnapshot.gke.io/v1/podsnapshotmanualtriggers", "podsnapshot.gke.io/v1/podsnapshots",
     "jobset.x-k8s.io/v1alpha2/jobsets",
     "networking.gke.io/v1alpha1/fqdnnetworkpolicies",
+    # metrics-server's PodMetrics: a test plays metrics-server by writing them
+    "metrics.k8s.io/v1beta1/pods",
 )
 
 

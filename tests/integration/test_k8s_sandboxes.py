@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,12 @@ from functions.adapters.kubernetes_sandbox_runtime import (
     KubernetesSandboxRuntime,
     finished_event_id,
 )
+from functions.domain import manifests as m
 from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
 from functions.ports import RuntimeRefused, RuntimeUnavailable
 from runtime.kubernetes.monitor import KubeCluster
-from runtime.kubernetes.sandbox_watch import SandboxWatch
+from runtime.kubernetes.sandbox_watch import KubePodMetrics, SandboxWatch
 from runtime.local.publisher import PubSubPublisher
 
 K8S_VERSION = "1.35"
@@ -699,3 +701,215 @@ def test_a_sandbox_that_never_suspends_gets_short_lived_urls(
     assert secret is not None
     for url in secret["stringData"].values():
         assert "X-Goog-Expires=4500&" in url  # the wall clock (900 s) and an hour
+
+
+# -- idleness: the monitor measures, the control plane decides and commands ---------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def metrics_server(cluster: EmulatedCluster, sandbox_id: str, cpu: str, clock: Clock) -> None:
+    """Play metrics-server: the sandbox Pod's latest PodMetrics (its task's CPU now)."""
+    api = client.CustomObjectsApi(cluster.api_client)
+    name = sm.object_name(sandbox_id)
+    body = {"apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "timestamp": clock.now.isoformat().replace("+00:00", "Z"), "window": "15s",
+            "containers": [{"name": "task", "usage": {"cpu": cpu, "memory": "40Mi"}},
+                           {"name": "collector", "usage": {"cpu": "90m", "memory": "8Mi"}}]}
+    try:
+        api.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", NAMESPACE, "pods",
+                                            body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        api.patch_namespaced_custom_object("metrics.k8s.io", "v1beta1", NAMESPACE, "pods",
+                                           name, body)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def idle_watch(cluster: EmulatedCluster, bucket: storage.Bucket, clock: Clock,
+               emulator_env: dict[str, str]) -> SandboxWatch:
+    kube = KubeCluster(cluster.api_client)
+    return SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
+                        PubSubPublisher(emulator_env["STASIS_PROJECT"]), snapshots=kube,
+                        metrics=KubePodMetrics(cluster.api_client), clock=clock)
+
+
+@pytest.fixture
+def idle(emulator_env: dict[str, str]) -> Finished:
+    return Finished(emulator_env["STASIS_PROJECT"], "sandbox.idle_detected")
+
+
+def sample(cluster: EmulatedCluster, watch: SandboxWatch, clock: Clock,
+           cpus: dict[str, str], seconds: float = 60) -> None:
+    """``seconds`` later: metrics-server's new samples, then one monitor pass."""
+    clock.advance(seconds)
+    for sandbox_id, cpu in cpus.items():
+        metrics_server(cluster, sandbox_id, cpu, clock)
+    watch.sync()
+
+
+def test_an_idle_pod_is_reported_once_and_a_busy_one_never(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, idle_watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, clock: Clock, idle: Finished) -> None:
+    quiet, busy, never = (spec_for(repo, bucket, sandbox_id) for sandbox_id in
+                          ("sbx-quiet", "sbx-busy", "sbx-never"))
+    never = dataclasses.replace(never, limits=dataclasses.replace(DEFAULT_LIMITS,
+                                                                  idle_seconds=0))
+    for spec in (quiet, busy, never):
+        runtime.start(spec)
+        kubelet(cluster, spec, {"phase": "Running"})
+    pod = read(cluster, "Pod", sm.object_name(quiet.sandbox_id))
+    assert pod is not None and pod["metadata"]["annotations"][sm.ANN_IDLE_SECONDS] == "600"
+
+    cpus = {quiet.sandbox_id: "1200000n", busy.sandbox_id: "2m", never.sandbox_id: "0"}
+    sample(cluster, idle_watch, clock, cpus, 0)
+    for _ in range(9):  # 540 s below 5 millicores, except the busy one's bursts
+        sample(cluster, idle_watch, clock, cpus)
+        cpus[busy.sandbox_id] = "300m" if cpus[busy.sandbox_id] == "2m" else "2m"
+    assert idle.none_pending()  # not idle long enough yet
+    sample(cluster, idle_watch, clock, cpus)
+    sample(cluster, idle_watch, clock, cpus)
+    [event] = idle.pull()
+    assert event.requestid == f"{quiet.requestid}.idle-1"
+    payload = event.payload
+    assert (payload.sandbox_id, payload.sequence, payload.samples) == (quiet.sandbox_id, 1, 11)
+    assert payload.idle_seconds >= 600 and payload.peak_millicores == 1.2
+    assert payload.threshold_millicores == 5.0 and "task" in payload.measured
+    for _ in range(3):
+        sample(cluster, idle_watch, clock, cpus)
+    assert idle.none_pending()  # one report per idle period, and never the busy one
+
+    # A restarted monitor measures from scratch and reports the same period under the
+    # same id, which the control plane's ledger absorbs.
+    kube = KubeCluster(cluster.api_client)
+    restarted = SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
+                             idle_watch.bus, snapshots=kube,
+                             metrics=KubePodMetrics(cluster.api_client), clock=clock)
+    sample(cluster, restarted, clock, cpus, 0)
+    assert idle.none_pending()
+    for _ in range(10):
+        sample(cluster, restarted, clock, cpus)
+    [again] = idle.pull()
+    assert (again.id, again.requestid) == (event.id, event.requestid)
+
+
+def test_without_the_metrics_api_no_sandbox_is_reported_idle(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, repo: Repo,
+        bucket: storage.Bucket, clock: Clock, idle: Finished,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # No metrics-server: the API server answers 404 (and nothing may be written there).
+    del cluster.emulator.resources["metrics.k8s.io/v1beta1/pods"]
+    assert KubePodMetrics(cluster.api_client).pod_metrics() is None
+    spec = spec_for(repo, bucket)
+    runtime.start(spec)
+    kubelet(cluster, spec, {"phase": "Running"})
+    kube = KubeCluster(cluster.api_client)
+    watch = SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
+                         PubSubPublisher(os.environ["STASIS_PROJECT"]), snapshots=kube,
+                         metrics=KubePodMetrics(cluster.api_client), clock=clock)
+    with caplog.at_level("WARNING", logger="runtime.kubernetes.sandbox_watch"):
+        for _ in range(12):
+            clock.advance(60)
+            watch.sync()
+    assert idle.none_pending()
+    warnings = [r.getMessage() for r in caplog.records if "metrics-server" in r.getMessage()]
+    assert len(warnings) == 1  # said once, not every pass
+
+
+def test_an_idle_sandbox_is_suspended_by_the_control_plane_and_resumed(
+        cluster: EmulatedCluster, runtime: KubernetesSandboxRuntime, idle_watch: SandboxWatch,
+        repo: Repo, bucket: storage.Bucket, clock: Clock, idle: Finished,
+        suspended: Finished, emulator_env: dict[str, str]) -> None:
+    """sandbox.requested -> the handler starts the Pod; the monitor sees it idle ->
+    sandbox.idle_detected -> the handler (Firestore emulator) has the runtime create a Pod
+    Snapshot trigger -> GKE (played) snapshots -> sandbox.suspended -> SUSPENDED, the Pod
+    released -> resumed from the snapshot, and measured again as a new period."""
+    import yaml
+    from google.cloud import firestore
+
+    from events import SandboxRequested, SandboxResumeRequested, new_event
+    from functions.adapters.firestore_store import FirestoreStore
+    from functions.adapters.sandbox_store import FirestoreSandboxStore
+    from functions.domain.catalog import Catalog
+    from functions.handlers import sandboxes as handler
+    from functions.handlers.deps import Deps
+    from functions.handlers.sandbox_ports import SandboxDeps
+
+    root = Path(__file__).resolve().parents[2]
+    catalog = Catalog.from_config(yaml.safe_load((root / "examples" / "stasis.yaml").read_text()))
+    db = firestore.Client(project=emulator_env["STASIS_PROJECT"])
+    deps = Deps(store=FirestoreStore(db), bus=idle_watch.bus, runtime=None,  # type: ignore[arg-type]
+                snapshots=None, catalog=lambda: catalog,  # type: ignore[arg-type]
+                clock=clock, snapshot_bucket=bucket.name,
+                dead_letters=None,  # type: ignore[arg-type]
+                sandboxes=SandboxDeps(FirestoreSandboxStore(db), runtime))
+    sandbox_id = "sbx-idle"
+    requested = new_event(SandboxRequested(sandbox_id=sandbox_id, team=TEAM, requester="alice",
+                                           repository=repo.url, command=FIX, base_ref="main",
+                                           limits={"idle_seconds": 120}),
+                          source="//test", requestid="req-idle")
+    handler.handle(requested, deps, "on_sandbox_requested")
+    pod_name = sm.object_name(sandbox_id)
+    assert read(cluster, "Pod", pod_name) is not None
+    kubelet(cluster, spec_for(repo, bucket, sandbox_id), {"phase": "Running"})
+
+    for _ in range(4):
+        sample(cluster, idle_watch, clock, {sandbox_id: "0"})
+    [report] = idle.pull()
+    assert report.payload.idle_seconds >= 120 and report.requestid == "req-idle.idle-1"
+    decision = handler.handle(report, deps, "on_sandbox_idle_detected")
+    assert decision is not None and decision.reason == "suspending_idle"
+    assert handler.handle(report, deps, "on_sandbox_idle_detected") is None  # a redelivery
+    api = KubeApi(cluster.api_client)
+    [trigger] = api.list("PodSnapshotManualTrigger", NAMESPACE)
+    assert trigger["spec"] == {"targetPod": pod_name}
+    annotations = trigger["metadata"]["annotations"]
+    assert (annotations[sm.ANN_SEQUENCE], annotations[sm.ANN_IDLE_SECONDS]) == (
+        "1", str(report.payload.idle_seconds))
+    doc = db.collection("sandboxes").document(sandbox_id).get().to_dict()
+    assert doc["state"] == "RUNNING"  # until the runtime says it holds it
+
+    sample(cluster, idle_watch, clock, {sandbox_id: "0"}, 600)
+    assert idle.none_pending()  # being snapshotted: not measured
+    gke_completes_snapshot(cluster, trigger["metadata"]["name"])
+    idle_watch.sync()
+    [held] = suspended.pull()
+    assert (held.payload.sequence, held.payload.method) == (1, "pod")
+    handler.handle(held, deps, "on_sandbox_suspended")
+    doc = db.collection("sandboxes").document(sandbox_id).get().to_dict()
+    assert (doc["state"], doc["suspensions"]) == ("SUSPENDED", 1)
+    assert read(cluster, "Pod", pod_name) is None  # released
+    sample(cluster, idle_watch, clock, {sandbox_id: "0"}, 600)
+    assert idle.none_pending()
+
+    resume = new_event(SandboxResumeRequested(sandbox_id, "alice"), source="//test")
+    handler.handle(resume, deps, "on_sandbox_resume_requested")
+    restored = read(cluster, "Pod", pod_name)
+    assert restored is not None and m.PS_NAME_ANNOTATION in restored["metadata"]["annotations"]
+    kubelet(cluster, spec_for(repo, bucket, sandbox_id), {"phase": "Running"})
+    sample(cluster, idle_watch, clock, {sandbox_id: "0"})
+    sample(cluster, idle_watch, clock, {sandbox_id: "40m"})  # it works again: not idle
+    for _ in range(4):
+        sample(cluster, idle_watch, clock, {sandbox_id: "0"})
+    [second] = idle.pull()
+    assert second.requestid == "req-idle.idle-2" and second.payload.sequence == 2
+    assert second.payload.samples == 3  # counted from the last busy sample
+    decision = handler.handle(second, deps, "on_sandbox_idle_detected")
+    assert decision is not None and decision.suspend[0].sequence == 2
+    assert len(api.list("PodSnapshotManualTrigger", NAMESPACE)) == 2

@@ -532,6 +532,7 @@ class _FakeRuntime:
         self.resumed: list[RunSpec] = []
         self.cleaned: list[tuple[str, str]] = []
         self.released: list[tuple[str, str]] = []
+        self.suspended: list[tuple[str, str, int, int]] = []
         self.refuse = refuse
 
     def start(self, spec: RunSpec) -> None:
@@ -555,6 +556,13 @@ class _FakeRuntime:
 
     def release(self, sandbox_id: str, *, team: str) -> None:
         self.released.append((sandbox_id, team))
+
+    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
+        from functions.ports import RuntimeRefused
+
+        if self.refuse:
+            raise RuntimeRefused(f"sandbox {sandbox_id} has no running pod to suspend")
+        self.suspended.append((sandbox_id, team, sequence, idle_seconds))
 
 
 def _deps(catalog: Catalog, runtime: _FakeRuntime) -> Any:
@@ -956,3 +964,110 @@ def test_the_dashboard_shows_a_suspended_sandbox_and_how_to_resume_it(catalog: C
     assert "idle, held since 5m 0s ago" in html
     assert "stasis sandbox resume sbx-idle" in html
     assert "#1 in queue to resume" in html
+
+
+# -- idle reported by a runtime that only measures (the cluster monitor) ---------------------
+
+
+@pytest.mark.parametrize(("state", "suspensions", "idle_limit", "observed", "sequence",
+                          "reason", "suspend_as"), [
+    (SandboxState.RUNNING, 0, 600, 600, 1, Reason.SUSPENDING_IDLE, 1),
+    (SandboxState.RUNNING, 0, 600, 4000, 1, Reason.SUSPENDING_IDLE, 1),
+    (SandboxState.RUNNING, 1, 600, 650, 2, Reason.SUSPENDING_IDLE, 2),   # resumed once
+    (SandboxState.RUNNING, 1, 600, 650, 3, Reason.SUSPENDING_IDLE, 3),   # a snapshot failed
+    (SandboxState.RUNNING, 0, 600, 599, 1, Reason.NOT_IDLE_LONG_ENOUGH, None),
+    (SandboxState.RUNNING, 0, 0, 9000, 1, Reason.IDLE_SUSPENSION_OFF, None),
+    (SandboxState.RUNNING, 2, 600, 650, 2, Reason.STALE_REPORT, None),   # a late duplicate
+    (SandboxState.SUSPENDED, 1, 600, 650, 2, Reason.ALREADY_SUSPENDED, None),
+    (SandboxState.QUEUED, 0, 600, 650, 1, Reason.NOT_RUNNING, None),
+    (SandboxState.SUCCEEDED, 0, 600, 650, 1, Reason.ALREADY_FINISHED, None),
+    (SandboxState.KILLED, 1, 600, 650, 2, Reason.ALREADY_FINISHED, None),
+])
+def test_an_idle_report_suspends_only_a_running_sandbox_idle_past_its_limit(
+        catalog: Catalog, state: SandboxState, suspensions: int, idle_limit: int,
+        observed: int, sequence: int, reason: Reason, suspend_as: int | None) -> None:
+    from functions.domain.sandboxes import IdleReport, SuspendCommand, idle_detected
+
+    records, _ = _running(catalog, "sbx-1")
+    record = dataclasses.replace(
+        records["sbx-1"], state=state, suspensions=suspensions,
+        limits=dataclasses.replace(records["sbx-1"].limits, idle_seconds=idle_limit))
+    decision = idle_detected(record, IdleReport("sbx-1", observed, sequence=sequence))
+    assert decision.reason == reason
+    # Never a record written nor a slot moved: the runtime's sandbox.suspended does that.
+    assert decision.sandboxes == () and decision.queue is None
+    assert decision.start == () and decision.resume == ()
+    if suspend_as is None:
+        assert not decision.accepted and decision.suspend == ()
+    else:
+        assert decision.accepted
+        assert decision.suspend == (SuspendCommand("sbx-1", "ml-a", suspend_as, observed),)
+        assert f"idle {observed} s (limit {idle_limit} s)" in decision.message
+    unknown = idle_detected(None, IdleReport("sbx-0", 700))
+    assert (unknown.accepted, unknown.reason, unknown.suspend) == (
+        False, Reason.UNKNOWN_SANDBOX, ())
+
+
+def test_the_handler_has_the_runtime_suspend_an_idle_sandbox_once(catalog: Catalog) -> None:
+    from events import SandboxIdleDetected, SandboxSuspended
+    from functions.handlers import sandboxes as handler
+
+    runtime = _FakeRuntime()
+    deps = _deps(catalog, runtime)
+    request = _requested("sbx-1")
+    handler.handle(request, deps, "on_sandbox_requested")
+    store = deps.sandboxes.store
+
+    def idle(seconds: int, sequence: int = 1) -> Any:
+        return _event(SandboxIdleDetected("sbx-1", seconds, "2025-06-10T12:10:00+00:00",
+                                          sequence=sequence),
+                      requestid=f"{request.requestid}.idle-{sequence}")
+
+    short = _event(SandboxIdleDetected("sbx-1", 30, "2025-06-10T12:10:00+00:00"))
+    assert handler.handle(short, deps, "on_sandbox_idle_detected").reason == \
+        Reason.NOT_IDLE_LONG_ENOUGH  # type: ignore[union-attr]
+    report = idle(615)
+    handler.handle(report, deps, "on_sandbox_idle_detected")
+    handler.handle(report, deps, "on_sandbox_idle_detected")  # a redelivery
+    assert runtime.suspended == [("sbx-1", "ml-a", 1, 615)]
+    assert store.docs[("sandboxes", "sbx-1")]["state"] == "RUNNING"  # until it is held
+
+    handler.handle(_event(SandboxSuspended("sbx-1", 615, method="pod"),
+                          requestid=f"{request.requestid}.suspend-1"),
+                   deps, "on_sandbox_suspended")
+    handler.handle(idle(700, sequence=2), deps, "on_sandbox_idle_detected")
+    assert runtime.suspended == [("sbx-1", "ml-a", 1, 615)]  # already suspended
+
+    # A runtime that no longer has it refuses: logged, never retried.
+    handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")
+    assert store.docs[("sandboxes", "sbx-2")]["state"] == "RUNNING"
+    runtime.refuse = True
+    second = _event(SandboxIdleDetected("sbx-2", 615, "2025-06-10T12:10:00+00:00"))
+    assert handler.handle(second, deps, "on_sandbox_idle_detected").accepted  # type: ignore[union-attr]
+    assert [e for e in deps.bus.events if e.subject == "sbx-2"] == []  # nothing ended
+    assert all(entry.status == "done" for entry in store.ledger.values())
+
+
+def test_runtimes_that_suspend_by_themselves_refuse_a_suspend_command() -> None:
+    from functions.adapters.sandbox_runtime import LocalSandboxRuntime, NullSandboxRuntime
+    from functions.ports import RuntimeRefused
+    from runtime.local.publisher import RecordingPublisher
+
+    for runtime in (LocalSandboxRuntime("http://127.0.0.1:9"),
+                    NullSandboxRuntime(RecordingPublisher())):
+        with pytest.raises(RuntimeRefused):
+            runtime.suspend("sbx-1", team="ml-a", sequence=1, idle_seconds=600)
+
+
+def test_the_monitor_may_read_pod_metrics_and_the_pod_says_its_idle_limit() -> None:
+    from functions.domain import manifests as m
+
+    role = next(o for o in m.monitor_manifests(project="p") if o["kind"] == "ClusterRole")
+    metrics = [r for r in role["rules"] if r["apiGroups"] == ["metrics.k8s.io"]]
+    assert metrics == [{"apiGroups": ["metrics.k8s.io"], "resources": ["pods"],
+                        "verbs": ["get", "list"]}]
+    spec = RunSpec("sbx-1", "ml-a", "https://git.example/r.git", "main", "true",
+                   dataclasses.replace(DEFAULT_LIMITS, idle_seconds=120), (), "r-1", "b",
+                   "sandboxes/ml-a/sbx-1")
+    assert sm.sandbox_pod(spec, "0" * 40)["metadata"]["annotations"][sm.ANN_IDLE_SECONDS] == \
+        "120"
