@@ -34,6 +34,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from crd_schemas import jobset_schema
 from google.cloud import firestore, pubsub_v1
 from job_pods import start_hosts
 from k8s_emulator import EmulatedCluster, emulated_cluster
@@ -63,28 +64,8 @@ _V5E_4 = {**copy.deepcopy(next(p for p in CONFIG["profiles"] if p["id"] == "tpu-
 CONFIG["profiles"].append(_V5E_4)
 next(t for t in CONFIG["teams"] if t["id"] == "ml-a")["profiles"].append("tpu-v5e-4")
 CATALOG = Catalog.from_config(CONFIG)
-CRD = json.loads((ROOT / "tests/data/crds/jobset.json").read_text())
 NAMESPACE = "stasis-ml-a"
 AGENT_IMAGE = "stasis-agent:test"
-
-
-def _strict(schema: Any) -> Any:
-    """As the API server prunes: an unknown field is refused, not silently dropped."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node \
-                    and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    return schema
 
 
 @pytest.fixture
@@ -207,7 +188,7 @@ def test_admission_applies_a_valid_jobset_once(env: Any) -> None:
     served = {k: obj[k] for k in ("apiVersion", "kind", "spec")}
     served["metadata"] = {k: v for k, v in obj["metadata"].items()
                           if k in ("name", "namespace", "labels", "annotations")}
-    jsonschema.validate(served, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+    jsonschema.validate(served, jobset_schema())
     template = obj["spec"]["replicatedJobs"][0]["template"]
     kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job",
                                   "metadata": {"name": "x", **template["metadata"]},

@@ -5,7 +5,6 @@ the job, release on finish, and the JobSet builder validated against the JobSet 
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -16,6 +15,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from crd_schemas import jobset_schema
 
 from functions.domain import jobset as js
 from functions.domain.catalog import Accelerator, Catalog, RefusalReason
@@ -33,7 +33,6 @@ from functions.domain.quota import Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
-CRD = json.loads((ROOT / "tests/data/crds/jobset.json").read_text())
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TPU = CATALOG.profiles["tpu-v5e-8"]  # 8 chips a host
 ML_A = CATALOG.teams["ml-a"]  # 8 TPU chips, 4 GPUs
@@ -199,25 +198,6 @@ def test_job_document_round_trip() -> None:
 # --- the JobSet -----------------------------------------------------------------------------
 
 
-def _strict(schema: Any) -> Any:
-    """As the API server prunes: an unknown field is refused, not silently dropped."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node \
-                    and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    return schema
-
-
 def spec(hosts: int = 4, profile: Any = V5E_4, topology: str | None = "4x4") -> js.JobSpec:
     return js.JobSpec(job_id="job-20261201-a1b2c3", team="ml-a", namespace="team-ml-a",
                       image="us-docker.pkg.dev/p/stasis/jobs:1",
@@ -232,7 +212,7 @@ def test_jobset_validates_against_the_crd_and_kubernetes(hosts: int, profile: An
                                                          topology: str | None) -> None:
     s = spec(hosts, profile, topology)
     obj = js.jobset(s)
-    jsonschema.validate(obj, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+    jsonschema.validate(obj, jobset_schema())
     rj = obj["spec"]["replicatedJobs"]  # type: ignore[index]
     assert len(rj) == 1 and rj[0]["replicas"] == 1
     job = rj[0]["template"]
@@ -265,7 +245,7 @@ def test_the_crd_refuses_what_it_does_not_know() -> None:
     obj = js.jobset(spec())
     obj["spec"]["replicatedJobs"][0]["bogus"] = 1  # type: ignore[index]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(obj, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+        jsonschema.validate(obj, jobset_schema())
 
 
 @pytest.mark.parametrize(("hosts", "profile", "topology", "match"), [

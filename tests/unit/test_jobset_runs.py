@@ -5,8 +5,6 @@ cannot start, the job's end), plus the job host's small helpers."""
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from crd_schemas import jobset_schema
 
 from functions.domain import jobset as js
 from functions.domain.catalog import Catalog
@@ -23,27 +22,8 @@ from stasis.jobs import _chunk_order
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
-CRD = json.loads((ROOT / "tests/data/crds/jobset.json").read_text())
 T = "2026-12-01T12:00:{:02d}Z"
 MS = 1_796_126_400_000  # 2026-12-01T12:00:00Z
-
-
-def _strict(schema: Any) -> Any:
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node \
-                    and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    return schema
 
 
 def spec(profile: str = "cpu-small", hosts: int = 4, **extra: Any) -> js.JobSpec:
@@ -63,7 +43,7 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
 def test_cpu_and_gpu_jobsets_validate(profile: str, source_image: str | None) -> None:
     obj = js.jobset(spec(profile, source_image=source_image,
                          annotations={js.ANN_REQUESTID: "r-1"}))
-    jsonschema.validate(obj, _strict(CRD["kinds"]["JobSet"]["openAPIV3Schema"]))
+    jsonschema.validate(obj, jobset_schema())
     job = obj["spec"]["replicatedJobs"][0]["template"]  # type: ignore[index]
     kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job",
                                   "metadata": {"name": "x", **job["metadata"]},

@@ -4,7 +4,6 @@ field fails) or for the transcribed Pod Snapshot CRDs, and says what Stasis mean
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 import yaml
+from crd_schemas import strict
 
 from functions.domain import admission
 from functions.domain import manifests as m
@@ -54,32 +54,11 @@ def _schemas_read_once() -> Iterator[None]:
         yield
 
 
-def _strict(schema: Any) -> Any:
-    """A CRD schema as the API server prunes it: unknown fields would vanish silently, so
-    the test refuses them (``additionalProperties: false`` wherever none is declared)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node \
-                    and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    schema["properties"]["metadata"] = {"type": "object"}
-    return schema
-
-
 def validate(obj: dict[str, Any]) -> None:
     """Kubernetes objects against the OpenAPI schema, CRD objects against their CRD."""
     if obj["apiVersion"] == m.PODSNAPSHOT_API:
         crd = CRDS["kinds"][obj["kind"]]
-        jsonschema.validate(obj, _strict(crd["openAPIV3Schema"]),
+        jsonschema.validate(obj, strict(crd["openAPIV3Schema"], any_metadata=True),
                             format_checker=jsonschema.FormatChecker())
         namespaced = "namespace" in obj["metadata"]
         assert namespaced == (crd["scope"] == "Namespaced"), obj["kind"]
