@@ -169,13 +169,7 @@ def _ended(doc: Mapping[str, Any], payload: SandboxFinished,
     sandbox = Sandbox.from_doc(doc)
     if sandbox.state == SandboxState.QUEUED:
         return None
-    report = Report(
-        sandbox_id=payload.sandbox_id, succeeded=payload.succeeded,
-        termination=payload.termination, exit_status=payload.exit_status, error=payload.error,
-        patch_uri=payload.patch_uri, log_uri=payload.log_uri, patch_bytes=payload.patch_bytes,
-        files_changed=tuple(payload.files_changed), base_sha=payload.base_sha,
-        duration_ms=payload.duration_ms, cpu_seconds=payload.cpu_seconds,
-        peak_memory_bytes=payload.peak_memory_bytes, network=payload.network)
+    report = Report.of(payload)
     decision = finish_sandbox(sandbox, report, policy=DEFAULT_POLICY,
                               queue=TeamQueue(running=(sandbox.id,)), load=lambda _: None,
                               now=now)

@@ -47,6 +47,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from events.payloads import SandboxFinished
 from functions.domain.catalog import Problem, Role, Team, human_bytes, parse_quantity
 
 
@@ -548,6 +549,12 @@ class Report:
     cpu_seconds: float = 0.0
     peak_memory_bytes: int = 0
     network: str = ""
+
+    @classmethod
+    def of(cls, payload: SandboxFinished) -> Report:
+        """The report a sandbox.finished payload carries (the same fields)."""
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{**fields, "files_changed": tuple(payload.files_changed)})
 
 
 @dataclass(frozen=True)

@@ -123,13 +123,7 @@ def _requested(event: Event[Any], payload: SandboxRequested, deps: Deps,
 def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
               consumer: str) -> Decision | None:
     now = deps.clock()
-    report = Report(
-        sandbox_id=payload.sandbox_id, succeeded=payload.succeeded,
-        termination=payload.termination, exit_status=payload.exit_status, error=payload.error,
-        patch_uri=payload.patch_uri, log_uri=payload.log_uri, patch_bytes=payload.patch_bytes,
-        files_changed=tuple(payload.files_changed), base_sha=payload.base_sha,
-        duration_ms=payload.duration_ms, cpu_seconds=payload.cpu_seconds,
-        peak_memory_bytes=payload.peak_memory_bytes, network=payload.network)
+    report = Report.of(payload)
 
     def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
         sandbox = view.sandbox(payload.sandbox_id)
