@@ -18,6 +18,7 @@ import click
 import requests
 
 from stack.cli import _as, _echo_json, _json, _settings, _target, _team, _user, main
+from stack.cli_sandbox import limits_of, task_options
 from stack.settings import Settings
 
 
@@ -145,32 +146,26 @@ def exec_command(link_url: str, script: Any, notebook: str | None, kernel_id: st
 
 
 _ENDED = ("SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED")
+#: `stasis link sandbox --wait`: the sandbox was suspended (idle) before it ended.
+EXIT_SUSPENDED = 5
 
 
 @link.command("sandbox")
 @click.option("--link", "link_url", envvar="STASIS_LINK", required=True,
               help="The link URL (or STASIS_LINK); scope exec or sandbox.")
-@click.option("--repo", "repository", required=True,
-              help="A git URL, or a path on the runtime's host.")
-@click.option("--command", "command", required=True, help="Run with /bin/sh -c in the copy.")
-@click.option("--base", "base_ref", default="HEAD", show_default=True)
-@click.option("--allow-network", "allowed", multiple=True,
-              help="A destination the task may reach (repeatable); none by default.")
-@click.option("--cpu-seconds", type=int, default=None, help="Default: the team's policy.")
-@click.option("--memory", default=None, help="e.g. 2Gi. Default: the team's policy.")
-@click.option("--timeout", "wall_clock", type=int, default=None,
-              help="Wall clock seconds. Default: the team's policy.")
+@task_options
 @click.option("--id", "sandbox_id", default=None,
               help="Sandbox id (a retry with the same id is the same request).")
 @click.option("--wait", is_flag=True, help="Follow it to its end and print the patch.")
 @click.option("--wait-timeout", type=float, default=3600.0, show_default=True)
 def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
                  allowed: tuple[str, ...], cpu_seconds: int | None, memory: str | None,
-                 wall_clock: int | None, sandbox_id: str | None, wait: bool,
-                 wait_timeout: float) -> None:
+                 wall_clock: int | None, processes: int | None, idle: int | None,
+                 sandbox_id: str | None, wait: bool, wait_timeout: float) -> None:
     """As an agent holding a link: run COMMAND in a sandbox of the workspace's team (as the
     link's creator). Prints the sandbox id; with --wait, the patch on stdout (progress on
-    stderr). Exit 0 succeeded, 1 the task failed, 3 link or request refused, 4 unavailable.
+    stderr). Exit 0 succeeded, 1 the task failed, 3 link or request refused, 4 unavailable,
+    5 suspended for being idle (resume it, then wait again).
     Nothing is applied: `git apply` the patch yourself."""
     import time
 
@@ -185,8 +180,7 @@ def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
     session.trust_env = False
     session.headers.update(link_client.auth_headers(address))
     url = f"{address.workspace_url}/stasis/sandboxes"
-    limits = {k: v for k, v in (("cpu_seconds", cpu_seconds), ("memory", memory),
-                                ("wall_clock_seconds", wall_clock)) if v is not None}
+    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle)
     body: dict[str, Any] = {"repository": repository, "command": command,
                             "base_ref": base_ref, "limits": limits,
                             "allowed_network": list(dict.fromkeys(allowed))}
@@ -222,6 +216,10 @@ def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
             click.echo(f"{sandbox_id}: {view.get('state')} — {view.get('message')}", err=True)
         if view.get("state") in _ENDED:
             break
+        if view.get("state") == "SUSPENDED":
+            click.echo(f"{sandbox_id} is suspended for being idle; resume it with POST "
+                       f"{url}/{sandbox_id}/resume, then wait again", err=True)
+            sys.exit(EXIT_SUSPENDED)
         if time.monotonic() > deadline:
             click.echo(f"{sandbox_id} has not ended after {wait_timeout:g} s", err=True)
             sys.exit(link_client.EXIT_UNAVAILABLE)

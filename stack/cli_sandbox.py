@@ -75,21 +75,42 @@ def sandbox() -> None:
     """Run a task in an isolated sandbox; get a patch back for review."""
 
 
+def task_options(fn: Any) -> Any:
+    """The task's options, the same for `stasis sandbox run` and `stasis link sandbox`:
+    repository, command, base ref, allowed network and the limits (see :func:`limits_of`)."""
+    options = [
+        click.option("--repo", "repository", required=True,
+                     help="A local path (on the runtime's host) or a git URL it can reach."),
+        click.option("--command", "command", required=True,
+                     help="Run with /bin/sh -c in the copy."),
+        click.option("--base", "base_ref", default="HEAD", show_default=True, help="Base ref."),
+        click.option("--allow-network", "allowed", multiple=True,
+                     help="A destination the task may reach (repeatable); none by default."),
+        click.option("--cpu-seconds", type=int, default=None,
+                     help="Default: the team's policy."),
+        click.option("--memory", default=None, help="e.g. 2Gi. Default: the team's policy."),
+        click.option("--timeout", "wall_clock", type=int, default=None,
+                     help="Wall clock seconds. Default: the team's policy."),
+        click.option("--processes", type=int, default=None, help="Default: the team's policy."),
+        click.option("--idle-seconds", "idle", type=int, default=None,
+                     help="Suspend the task after this long without progress (0: never, if "
+                          "the policy permits). Default: the team's policy."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def limits_of(cpu_seconds: int | None, memory: str | None, wall_clock: int | None,
+              processes: int | None, idle: int | None) -> dict[str, Any]:
+    """The limits a request asks for; the ones not given come from the team's policy."""
+    return {k: v for k, v in (
+        ("cpu_seconds", cpu_seconds), ("memory", memory), ("wall_clock_seconds", wall_clock),
+        ("processes", processes), ("idle_seconds", idle)) if v is not None}
+
+
 @sandbox.command("run")
-@click.option("--repo", "repository", required=True,
-              help="A local path (on the runtime's host) or a git URL it can reach.")
-@click.option("--command", "command", required=True, help="Run with /bin/sh -c in the copy.")
-@click.option("--base", "base_ref", default="HEAD", show_default=True, help="Base ref.")
-@click.option("--allow-network", "allowed", multiple=True,
-              help="A destination the task may reach (repeatable); none by default.")
-@click.option("--cpu-seconds", type=int, default=None, help="Default: the team's policy.")
-@click.option("--memory", default=None, help="e.g. 2Gi. Default: the team's policy.")
-@click.option("--timeout", "wall_clock", type=int, default=None,
-              help="Wall clock seconds. Default: the team's policy.")
-@click.option("--processes", type=int, default=None, help="Default: the team's policy.")
-@click.option("--idle-seconds", "idle", type=int, default=None,
-              help="Suspend the task after this long without progress (0: never, if the "
-                   "policy permits). Default: the team's policy.")
+@task_options
 @click.option("--team", default=None, help="Team (default: your first team).")
 @click.option("--id", "sandbox_id", default=None, help="Sandbox id (default: a new one).")
 @_as
@@ -116,9 +137,7 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
         if not (path / ".git").exists():
             raise click.UsageError(f"{path} is not a git checkout")
         repository = str(path)
-    limits: dict[str, Any] = {k: v for k, v in (
-        ("cpu_seconds", cpu_seconds), ("memory", memory), ("wall_clock_seconds", wall_clock),
-        ("processes", processes), ("idle_seconds", idle)) if v is not None}
+    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle)
     payload = SandboxRequested(
         sandbox_id=sandbox_id or new_sandbox_id(), team=team, requester=user,
         repository=repository, command=command, base_ref=base_ref, limits=limits,
