@@ -16,16 +16,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from k3s_support import import_image, until
 
 from functions.adapters.kubernetes_runtime import KubernetesRuntime
 from functions.domain import admission
@@ -77,20 +76,6 @@ def _build(client: Any, tag: str, *, dockerfile: str | None = None,
         client.images.build(path=str(ROOT), dockerfile=dockerfile, tag=tag, rm=True)
 
 
-def _import_image(client: Any, k3s: Any, tag: str) -> None:
-    """Load a locally built image into K3s's containerd (no registry involved)."""
-    data = b"".join(client.images.get(tag).save(named=True))
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        info = tarfile.TarInfo("image.tar")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    container = k3s.get_wrapped_container()
-    container.put_archive("/tmp", archive.getvalue())
-    result = container.exec_run(["ctr", "-n", "k8s.io", "images", "import", "/tmp/image.tar"])
-    assert result.exit_code == 0, result.output.decode(errors="replace")
-
-
 @pytest.fixture(scope="module")
 def k3s_api() -> Iterator[Any]:
     client = _docker_or_skip()
@@ -103,7 +88,7 @@ def k3s_api() -> Iterator[Any]:
     _build(client, GCS_IMAGE, inline=GCS_DOCKERFILE)
     with K3SContainer() as k3s:
         for tag in (AGENT_IMAGE, ENV_IMAGE, GCS_IMAGE):
-            _import_image(client, k3s, tag)
+            import_image(client, k3s, tag)
         configuration = kube.Configuration()
         config.load_kube_config_from_dict(yaml.safe_load(k3s.config_yaml()),
                                           client_configuration=configuration)
@@ -130,19 +115,9 @@ def _start_gcs(api: Any) -> None:
     core.create_namespaced_service(m.SYSTEM_NAMESPACE, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "gcs"},
         "spec": {"selector": labels, "ports": [{"port": 4443, "targetPort": 4443}]}})
-    _until(lambda: any(
+    until(lambda: any(
         (p.status.phase == "Running") for p in core.list_namespaced_pod(
             m.SYSTEM_NAMESPACE, label_selector="app=gcs").items), 180, "fake-gcs-server")
-
-
-def _until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    raise TimeoutError(f"{what}: not within {timeout:.0f}s")
 
 
 def _exec(api: Any, names: m.WorkspaceNames, script: str) -> str:
@@ -206,7 +181,7 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
             monitor.sync()
             return next((e for e in bus.events if e.name == name and all(
                 getattr(e.payload, k) == v for k, v in fields.items())), None)
-        return _until(seen, timeout, name)
+        return until(seen, timeout, name)
 
     names = m.workspace_names("ml-a", ws, settings)
     runtime.provision(spec("req-provision"))
@@ -224,7 +199,7 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
     assert finished.payload.method == "kernel" and "answer" in finished.payload.captured
 
     runtime.release(ws)
-    _until(lambda: runtime.status(ws) is None, 120, "the pod to go")
+    until(lambda: runtime.status(ws) is None, 120, "the pod to go")
 
     runtime.restore(spec("req-resume"), snapshot_id)
     ready = until_event("workspace.ready", workspace_id=ws, kernels_restored=1)
@@ -232,6 +207,6 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
     assert _run_in_kernel(k3s_api, names, "print(answer)") == "42"  # not re-run: restored
 
     runtime.destroy(ws, keep_home=False)
-    _until(lambda: runtime.status(ws) is None, 120, "the pod to go")
+    until(lambda: runtime.status(ws) is None, 120, "the pod to go")
     assert json.loads(kube.CoreV1Api(k3s_api).list_namespaced_persistent_volume_claim(
         names.namespace, _preload_content=False).data)["items"] == []

@@ -23,15 +23,14 @@ import io
 import os
 import socket
 import subprocess
-import tarfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from k3s_support import import_image, until
 
 from functions.adapters.kubernetes_sandbox_runtime import GcsUrlSigner, KubernetesSandboxRuntime
 from functions.domain import sandbox_manifests as sm
@@ -65,30 +64,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _import_image(client: Any, k3s: Any, tag: str) -> None:
-    """Load a locally built image into K3s's containerd (no registry involved)."""
-    data = b"".join(client.images.get(tag).save(named=True))
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        info = tarfile.TarInfo("image.tar")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    container = k3s.get_wrapped_container()
-    container.put_archive("/tmp", archive.getvalue())
-    result = container.exec_run(["ctr", "-n", "k8s.io", "images", "import", "/tmp/image.tar"])
-    assert result.exit_code == 0, result.output.decode(errors="replace")
-
-
-def _until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    raise TimeoutError(f"{what}: not within {timeout:.0f}s")
-
-
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         return None
@@ -107,7 +82,7 @@ def k3s() -> Iterator[dict[str, Any]]:
     client.images.build(fileobj=io.BytesIO(TOOLS_DOCKERFILE.encode()), tag=TOOLS_IMAGE, rm=True)
     gcs_port = _free_port()
     with K3SContainer() as container:
-        _import_image(client, container, TOOLS_IMAGE)
+        import_image(client, container, TOOLS_IMAGE)
         gateway = container.get_docker_client().gateway_ip(container.get_wrapped_container().id)
         gcs_url = f"http://{gateway}:{gcs_port}"
         gcs = subprocess.Popen([str(gcs_binary()), "-scheme", "http", "-host", "0.0.0.0",
@@ -132,7 +107,7 @@ def test_a_sandbox_on_k3s_returns_a_patch_and_reaches_nothing_else(
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{k3s['gcs_port']}")
     gcs = storage.Client.create_anonymous_client()
-    bucket = _until(lambda: _create_bucket(gcs), 30, "fake-gcs-server")
+    bucket = until(lambda: _create_bucket(gcs), 30, "fake-gcs-server")
 
     work = tmp_path / "src"
     work.mkdir()
@@ -170,7 +145,7 @@ def test_a_sandbox_on_k3s_returns_a_patch_and_reaches_nothing_else(
             watch.sync()
             return next((e for e in bus.events if e.name == "sandbox.finished"), None)
 
-        event = _until(reported, 300, "sandbox.finished")
+        event = until(reported, 300, "sandbox.finished")
     finally:
         server.shutdown()
         server.server_close()
@@ -183,7 +158,7 @@ def test_a_sandbox_on_k3s_returns_a_patch_and_reaches_nothing_else(
     assert subprocess.run(["python3", "test_calc.py"], cwd=work).returncode == 0
     # The control plane removes the objects as it records the end (the monitor only reads).
     runtime.cancel(spec.sandbox_id, team="ml-a")
-    _until(lambda: runtime.status(spec.sandbox_id) is None, 60, "the Pod to go")
+    until(lambda: runtime.status(spec.sandbox_id) is None, 60, "the Pod to go")
     assert [e.payload.termination for e in bus.events] == ["exited"]
 
 
