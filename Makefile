@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/python -m stack.demo
 
 test: setup
-	$(BIN)/python -m pytest tests; rc=$$?; \
+	$(BIN)/python -m pytest tests --durations=20; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 test-unit: setup
