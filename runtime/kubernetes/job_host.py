@@ -20,8 +20,9 @@ What it leaves under the job's prefix (names from ``functions.domain.jobset``):
 - ``result.pkl`` (host 0, on success): the return value, cloudpickled;
 - ``hosts/host-<i>/traceback.txt`` (on failure): the Python traceback the host printed
   (or its last lines, if it printed none);
-- ``hosts/host-<i>/exit.json``: exit status and the time it exited (ms), written last, which
-  tells the watcher which host failed first.
+- ``hosts/host-<i>/exit.json``: exit status and the time it failed or exited (ms, wall
+  clock: the moment its function raised, not when its uploads were done), written last,
+  which tells the watcher which host failed first.
 
 The exit status is the child's: a failure exits non-zero, so the pod fails and the JobSet
 with it. SIGTERM (the JobSet deleted, a peer failed) is passed on to the child; the log
@@ -137,6 +138,7 @@ def run(env: Mapping[str, str] | None = None, *, python: str = sys.executable) -
                          float(env.get("STASIS_JOB_LOG_INTERVAL") or 2.0)).start()
     workdir = Path(tempfile.mkdtemp(prefix="stasis-job-"))
     status = 1
+    failed_ms: int | None = None
     try:
         payload = workdir / js.PAYLOAD
         payload.write_bytes(store.get_bytes(bucket, f"{prefix}/{js.PAYLOAD}"))
@@ -144,6 +146,7 @@ def run(env: Mapping[str, str] | None = None, *, python: str = sys.executable) -
         if settings.get("framework"):
             env["STASIS_JOB_FRAMEWORK"] = str(settings["framework"])
         status = _run_child(python, payload, workdir, env, host, shipper)
+        failed_ms = _failed_at(workdir, host) if status != 0 else None
         if status == 0 and host == 0:
             result = workdir / js.RESULT
             if not result.exists():
@@ -163,12 +166,25 @@ def run(env: Mapping[str, str] | None = None, *, python: str = sys.executable) -
                 store.put_bytes(bucket, f"{prefix}/{js.traceback_object(host)}",
                                 traceback_of(list(shipper.tail)).encode(),
                                 "text/plain; charset=utf-8")
+        # When it failed, not when its uploads were done: a peer that lost it fails a
+        # moment later but may finish uploading first (the first failure names the cause).
         record = {"host": host, "exit_status": status,
-                  "finished_ms": int(time.time() * 1000)}
+                  "finished_ms": failed_ms or int(time.time() * 1000)}
         with contextlib.suppress(Exception):
             store.put_bytes(bucket, f"{prefix}/{js.exit_record(host)}",
                             json.dumps(record).encode(), "application/json")
     return status
+
+
+def _failed_at(workdir: Path, host: int) -> int:
+    """Wall-clock ms at which the host's function failed: the ``failed-<rank>`` note the
+    runner writes before it exits (its mtime: comparable across hosts, unlike the monotonic
+    clock inside), else now (the child was killed outright)."""
+    now = int(time.time() * 1000)
+    try:
+        return min(now, int((workdir / f"failed-{host}").stat().st_mtime * 1000))
+    except OSError:
+        return now
 
 
 def _settings(store: ObjectStore, bucket: str, prefix: str) -> dict[str, Any]:
