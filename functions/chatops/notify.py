@@ -42,7 +42,7 @@ from events import Event, SandboxFinished, SandboxSuspended, WorkspaceStateChang
 from functions.chatops import replies
 from functions.chatops.ports import ChatDeps, NotifyRefused
 from functions.delivery import PermanentFailure
-from functions.domain.sandboxes import DEFAULT_POLICY, Report, Sandbox, SandboxState, TeamQueue
+from functions.domain.sandboxes import DEFAULT_POLICY, Sandbox, SandboxState, TeamQueue
 from functions.domain.sandboxes import finish as finish_sandbox
 from functions.handlers.deps import Deps
 
@@ -169,8 +169,7 @@ def _ended(doc: Mapping[str, Any], payload: SandboxFinished,
     sandbox = Sandbox.from_doc(doc)
     if sandbox.state == SandboxState.QUEUED:
         return None
-    report = Report.of(payload)
-    decision = finish_sandbox(sandbox, report, policy=DEFAULT_POLICY,
+    decision = finish_sandbox(sandbox, payload, policy=DEFAULT_POLICY,
                               queue=TeamQueue(running=(sandbox.id,)), load=lambda _: None,
                               now=now)
     subject = decision.subject

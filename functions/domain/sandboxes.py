@@ -47,7 +47,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from events.payloads import SandboxFinished
+from events.payloads import SandboxFinished, SandboxIdleDetected, SandboxSuspended
 from functions.domain.catalog import Problem, Role, Team, human_bytes, parse_quantity
 
 
@@ -532,57 +532,6 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Report:
-    """A sandbox.finished event's payload, as completion sees it."""
-
-    sandbox_id: str
-    succeeded: bool
-    termination: str = Termination.EXITED
-    exit_status: int | None = None
-    error: str | None = None
-    patch_uri: str | None = None
-    log_uri: str | None = None
-    patch_bytes: int = 0
-    files_changed: tuple[str, ...] = ()
-    base_sha: str | None = None
-    duration_ms: int = 0
-    cpu_seconds: float = 0.0
-    peak_memory_bytes: int = 0
-    network: str = ""
-
-    @classmethod
-    def of(cls, payload: SandboxFinished) -> Report:
-        """The report a sandbox.finished payload carries (the same fields)."""
-        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(cls)}
-        return cls(**{**fields, "files_changed": tuple(payload.files_changed)})
-
-
-@dataclass(frozen=True)
-class Suspension:
-    """A sandbox.suspended event's payload, as the idle rules see it."""
-
-    sandbox_id: str
-    idle_seconds: int
-    sequence: int = 1
-    method: str = "freeze"
-    checkpoint_uri: str | None = None
-    checkpoint_bytes: int = 0
-    files_changed: tuple[str, ...] = ()
-    cpu_seconds: float = 0.0
-    memory_released: bool = False
-
-
-@dataclass(frozen=True)
-class IdleReport:
-    """A sandbox.idle_detected event's payload, as the idle rules see it."""
-
-    sandbox_id: str
-    idle_seconds: int
-    #: The suspension this would be, as the runtime counts them (those begun + 1).
-    sequence: int = 1
-
-
-@dataclass(frozen=True)
 class SuspendCommand:
     """Suspend a running sandbox: its ``sequence``-th suspension, after ``idle_seconds``."""
 
@@ -739,7 +688,7 @@ def _positions(team: str, queue: TeamQueue,
                  for i, sandbox_id in enumerate(queue.queued))
 
 
-def outcome_of(report: Report) -> tuple[SandboxState, Reason]:
+def outcome_of(report: SandboxFinished) -> tuple[SandboxState, Reason]:
     """The terminal state and reason of a runtime report."""
     try:
         termination = Termination(report.termination)
@@ -752,7 +701,7 @@ def outcome_of(report: Report) -> tuple[SandboxState, Reason]:
     return _OUTCOME[termination]
 
 
-def finish(sandbox: Sandbox | None, report: Report, *, policy: SandboxPolicy | Refusal,
+def finish(sandbox: Sandbox | None, report: SandboxFinished, *, policy: SandboxPolicy | Refusal,
            queue: TeamQueue, load: Callable[[str], Sandbox | None], now: datetime) -> Decision:
     """Record a runtime report, free the slot, start the next queued sandbox(es)."""
     if sandbox is None:
@@ -842,7 +791,7 @@ def _ms(delta: timedelta) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def suspend(sandbox: Sandbox | None, report: Suspension, *, policy: SandboxPolicy | Refusal,
+def suspend(sandbox: Sandbox | None, report: SandboxSuspended, *, policy: SandboxPolicy | Refusal,
             queue: TeamQueue, load: Callable[[str], Sandbox | None],
             now: datetime) -> Decision:
     """Record that the runtime holds an idle sandbox: SUSPENDED, its slot to the queue."""
@@ -879,7 +828,7 @@ def suspend(sandbox: Sandbox | None, report: Suspension, *, policy: SandboxPolic
     return _released(held, Reason.SUSPENDED_IDLE, freed, policy, load, now)
 
 
-def idle_detected(sandbox: Sandbox | None, report: IdleReport) -> Decision:
+def idle_detected(sandbox: Sandbox | None, report: SandboxIdleDetected) -> Decision:
     """A runtime saw a sandbox idle: command its suspension when it is RUNNING, may be
     suspended, and was idle at least its limit; anything else changes nothing. The
     record stays RUNNING until the runtime reports sandbox.suspended (:func:`suspend`)."""
@@ -920,7 +869,7 @@ def idle_detected(sandbox: Sandbox | None, report: IdleReport) -> Decision:
                                             report.idle_seconds),))
 
 
-def suspended_message(sandbox: Sandbox, report: Suspension) -> str:
+def suspended_message(sandbox: Sandbox, report: SandboxSuspended) -> str:
     memory = ("memory released" if report.memory_released
               else "its memory stays resident on the node")
     checkpoint = (f"; its changes so far ({len(sandbox.files_changed)} files, "

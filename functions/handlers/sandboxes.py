@@ -51,12 +51,9 @@ from events import (
 from functions.domain.catalog import Catalog
 from functions.domain.sandboxes import (
     Decision,
-    IdleReport,
-    Report,
     Request,
     RunSpec,
     SandboxState,
-    Suspension,
     TeamQueue,
     admit,
     finish,
@@ -123,14 +120,13 @@ def _requested(event: Event[Any], payload: SandboxRequested, deps: Deps,
 def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
               consumer: str) -> Decision | None:
     now = deps.clock()
-    report = Report.of(payload)
 
     def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
         sandbox = view.sandbox(payload.sandbox_id)
         team = sandbox.team if sandbox is not None else ""
         policy = resolve_policy(view.policy_section(), team)
         queue = view.queue(team) if sandbox is not None else None
-        decision = finish(sandbox, report, policy=policy, queue=queue or TeamQueue(),
+        decision = finish(sandbox, payload, policy=policy, queue=queue or TeamQueue(),
                           load=view.sandbox, now=now)
         _persist(view, decision, event, team, event.source, now)
         ended = [{"cleanup": payload.sandbox_id, "team": team}] if decision.accepted else []
@@ -142,19 +138,13 @@ def _finished(event: Event[Any], payload: SandboxFinished, deps: Deps,
 def _suspended(event: Event[Any], payload: SandboxSuspended, deps: Deps,
                consumer: str) -> Decision | None:
     now = deps.clock()
-    report = Suspension(
-        sandbox_id=payload.sandbox_id, idle_seconds=payload.idle_seconds,
-        sequence=payload.sequence, method=payload.method,
-        checkpoint_uri=payload.checkpoint_uri, checkpoint_bytes=payload.checkpoint_bytes,
-        files_changed=tuple(payload.files_changed), cpu_seconds=payload.cpu_seconds,
-        memory_released=payload.memory_released)
 
     def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
         sandbox = view.sandbox(payload.sandbox_id)
         team = sandbox.team if sandbox is not None else ""
         policy = resolve_policy(view.policy_section(), team)
         queue = view.queue(team) if sandbox is not None else TeamQueue()
-        decision = suspend(sandbox, report, policy=policy, queue=queue, load=view.sandbox,
+        decision = suspend(sandbox, payload, policy=policy, queue=queue, load=view.sandbox,
                            now=now)
         _persist(view, decision, event, team, event.source, now)
         held = ([{"release": payload.sandbox_id, "team": team}]
@@ -186,12 +176,10 @@ def _resume_requested(event: Event[Any], payload: SandboxResumeRequested, deps: 
 def _idle_detected(event: Event[Any], payload: SandboxIdleDetected, deps: Deps,
                    consumer: str) -> Decision | None:
     now = deps.clock()
-    report = IdleReport(sandbox_id=payload.sandbox_id, idle_seconds=payload.idle_seconds,
-                        sequence=payload.sequence)
 
     def decide(view: SandboxView) -> tuple[list[dict[str, Any]], Decision]:
         sandbox = view.sandbox(payload.sandbox_id)
-        decision = idle_detected(sandbox, report)
+        decision = idle_detected(sandbox, payload)
         _persist(view, decision, event, sandbox.team if sandbox is not None else "",
                  event.source, now)
         return _outbox(decision), decision

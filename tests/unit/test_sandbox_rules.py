@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from events.payloads import SandboxFinished, SandboxIdleDetected, SandboxSuspended
 from functions.domain import sandbox_manifests as sm
 from functions.domain.catalog import Catalog
 from functions.domain.sandboxes import (
@@ -20,13 +21,11 @@ from functions.domain.sandboxes import (
     Limits,
     Reason,
     Refusal,
-    Report,
     Request,
     RunSpec,
     Sandbox,
     SandboxPolicy,
     SandboxState,
-    Suspension,
     TeamQueue,
     admit,
     destination_permitted,
@@ -45,6 +44,7 @@ from runtime.local.sandboxes import Isolation, parse_run_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2025, 6, 10, 12, 0, tzinfo=UTC)
+OBSERVED_AT = NOW.isoformat()
 GiB = 2**30
 
 
@@ -239,19 +239,24 @@ def test_a_reused_id_changes_nothing(catalog: Catalog) -> None:
 
 
 @pytest.mark.parametrize(("report", "state", "reason"), [
-    (Report("s", True, exit_status=0), SandboxState.SUCCEEDED, Reason.SUCCEEDED),
-    (Report("s", False, exit_status=1), SandboxState.FAILED, Reason.EXITED_NONZERO),
-    (Report("s", False, "wall_clock_exceeded", 137), SandboxState.TIMED_OUT,
+    (SandboxFinished("s", True, exit_status=0), SandboxState.SUCCEEDED, Reason.SUCCEEDED),
+    (SandboxFinished("s", False, exit_status=1), SandboxState.FAILED, Reason.EXITED_NONZERO),
+    (SandboxFinished("s", False, termination="wall_clock_exceeded", exit_status=137),
+     SandboxState.TIMED_OUT,
      Reason.WALL_CLOCK_EXCEEDED),
-    (Report("s", False, "cpu_time_exceeded", 152), SandboxState.TIMED_OUT,
+    (SandboxFinished("s", False, termination="cpu_time_exceeded", exit_status=152),
+     SandboxState.TIMED_OUT,
      Reason.CPU_TIME_EXCEEDED),
-    (Report("s", False, "memory_limit_exceeded", 137), SandboxState.KILLED,
+    (SandboxFinished("s", False, termination="memory_limit_exceeded", exit_status=137),
+     SandboxState.KILLED,
      Reason.MEMORY_LIMIT_EXCEEDED),
-    (Report("s", False, "cancelled"), SandboxState.KILLED, Reason.CANCELLED),
-    (Report("s", False, "failed_to_start"), SandboxState.FAILED, Reason.FAILED_TO_START),
-    (Report("s", False, "runtime_lost"), SandboxState.FAILED, Reason.RUNTIME_LOST),
+    (SandboxFinished("s", False, termination="cancelled"), SandboxState.KILLED, Reason.CANCELLED),
+    (SandboxFinished("s", False, termination="failed_to_start"), SandboxState.FAILED,
+     Reason.FAILED_TO_START),
+    (SandboxFinished("s", False, termination="runtime_lost"), SandboxState.FAILED,
+     Reason.RUNTIME_LOST),
 ])
-def test_outcomes(report: Report, state: SandboxState, reason: Reason) -> None:
+def test_outcomes(report: SandboxFinished, state: SandboxState, reason: Reason) -> None:
     assert outcome_of(report) == (state, reason)
 
 
@@ -261,8 +266,8 @@ def test_finish_frees_the_slot_and_promotes_the_first_waiting(catalog: Catalog) 
     for sandbox_id in ("sbx-1", "sbx-2", "sbx-3", "sbx-4"):
         records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
     later = NOW + timedelta(seconds=30)
-    report = Report("sbx-1", True, exit_status=0, patch_uri="gs://b/p", patch_bytes=120,
-                    files_changed=("calc.py",), base_sha="abc")
+    report = SandboxFinished("sbx-1", True, exit_status=0, patch_uri="gs://b/p",
+                             patch_bytes=120, files_changed=["calc.py"], base_sha="abc")
     decision = finish(records["sbx-1"], report, policy=DEFAULT_POLICY, queue=queue,
                       load=records.get, now=later)
     ended, promoted = decision.sandboxes
@@ -283,10 +288,10 @@ def test_finish_frees_the_slot_and_promotes_the_first_waiting(catalog: Catalog) 
 def test_stale_reports_change_nothing(catalog: Catalog, state: SandboxState,
                                       reason: Reason) -> None:
     record, queue = admitted(catalog, "sbx-1", TeamQueue())
-    decision = finish(dataclasses.replace(record, state=state), Report("sbx-1", True),
+    decision = finish(dataclasses.replace(record, state=state), SandboxFinished("sbx-1", True),
                       policy=DEFAULT_POLICY, queue=queue, load=lambda _i: None, now=NOW)
     assert decision.reason == reason and decision.sandboxes == () and decision.queue is None
-    unknown = finish(None, Report("sbx-0", True), policy=DEFAULT_POLICY, queue=queue,
+    unknown = finish(None, SandboxFinished("sbx-0", True), policy=DEFAULT_POLICY, queue=queue,
                      load=lambda _i: None, now=NOW)
     assert unknown.reason == Reason.UNKNOWN_SANDBOX
 
@@ -296,7 +301,7 @@ def test_a_broken_policy_still_frees_and_promotes(catalog: Catalog) -> None:
     records: dict[str, Sandbox] = {}
     for sandbox_id in ("sbx-1", "sbx-2", "sbx-3"):
         records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
-    decision = finish(records["sbx-2"], Report("sbx-2", False, exit_status=3),
+    decision = finish(records["sbx-2"], SandboxFinished("sbx-2", False, exit_status=3),
                       policy=Refusal(Reason.INVALID_POLICY, "broken"), queue=queue,
                       load=records.get, now=NOW)
     assert decision.start == ("sbx-3",)
@@ -632,7 +637,7 @@ def test_the_sandbox_document_schema_matches_the_record(catalog: Catalog) -> Non
     fields = {f.name for f in dataclasses.fields(Sandbox)}
     assert set(schema["properties"]) == fields | {"updated_at"}
     record, _ = admitted(catalog, "sbx-1", TeamQueue())
-    ended = finish(record, Report("sbx-1", True, exit_status=0, patch_uri="gs://b/p"),
+    ended = finish(record, SandboxFinished("sbx-1", True, exit_status=0, patch_uri="gs://b/p"),
                    policy=DEFAULT_POLICY, queue=TeamQueue(("sbx-1",)), load=lambda _i: None,
                    now=NOW).sandboxes[0]
     for doc in (record.to_doc(), ended.to_doc()):
@@ -677,7 +682,7 @@ def _suspended(record: Sandbox, at: datetime = NOW) -> Sandbox:
 def test_an_idle_sandbox_is_suspended_and_its_slot_goes_to_the_queue(catalog: Catalog) -> None:
     records, queue = _running(catalog, "sbx-1", "sbx-2", "sbx-3", "sbx-4")
     later = NOW + timedelta(minutes=11)
-    report = Suspension("sbx-1", idle_seconds=610, checkpoint_uri="gs://b/c-1.diff",
+    report = SandboxSuspended("sbx-1", idle_seconds=610, checkpoint_uri="gs://b/c-1.diff",
                         checkpoint_bytes=42, files_changed=("a.py",), cpu_seconds=3.0)
     decision = suspend(records["sbx-1"], report, policy=DEFAULT_POLICY, queue=queue,
                        load=records.get, now=later)
@@ -707,11 +712,11 @@ def test_suspensions_that_change_nothing(catalog: Catalog, state: SandboxState,
                                          reason: Reason) -> None:
     records, queue = _running(catalog, "sbx-1")
     record = dataclasses.replace(records["sbx-1"], state=state, suspensions=suspensions)
-    decision = suspend(record, Suspension("sbx-1", 700, sequence=sequence),
+    decision = suspend(record, SandboxSuspended("sbx-1", 700, sequence=sequence),
                        policy=DEFAULT_POLICY, queue=queue, load=records.get, now=NOW)
     assert not decision.accepted and decision.reason == reason
     assert decision.sandboxes == () and decision.queue is None and decision.resume == ()
-    unknown = suspend(None, Suspension("sbx-0", 700), policy=DEFAULT_POLICY, queue=queue,
+    unknown = suspend(None, SandboxSuspended("sbx-0", 700), policy=DEFAULT_POLICY, queue=queue,
                       load=records.get, now=NOW)
     assert unknown.reason == Reason.UNKNOWN_SANDBOX and unknown.sandboxes == ()
 
@@ -736,7 +741,7 @@ def test_a_resume_without_a_slot_waits_in_line_and_is_resumed_when_promoted(
     records, queue = _running(catalog, "sbx-1", "sbx-2", "sbx-3", "sbx-4")
     records["sbx-1"] = dataclasses.replace(records["sbx-1"], state=SandboxState.RUNNING,
                                            started_at=NOW)
-    suspended = suspend(records["sbx-1"], Suspension("sbx-1", 600), policy=DEFAULT_POLICY,
+    suspended = suspend(records["sbx-1"], SandboxSuspended("sbx-1", 600), policy=DEFAULT_POLICY,
                         queue=queue, load=records.get, now=NOW)
     for record in suspended.sandboxes:
         records[record.id] = record
@@ -758,11 +763,11 @@ def test_a_resume_without_a_slot_waits_in_line_and_is_resumed_when_promoted(
 
     # Two slots free up: sbx-4 starts, sbx-1 is resumed (not started again).
     later = NOW + timedelta(minutes=2)
-    first = finish(records["sbx-2"], Report("sbx-2", True, exit_status=0),
+    first = finish(records["sbx-2"], SandboxFinished("sbx-2", True, exit_status=0),
                    policy=DEFAULT_POLICY, queue=queue, load=records.get, now=later)
     assert first.start == ("sbx-4",) and first.resume == ()
     assert first.queue is not None
-    second = finish(records["sbx-3"], Report("sbx-3", True, exit_status=0),
+    second = finish(records["sbx-3"], SandboxFinished("sbx-3", True, exit_status=0),
                     policy=DEFAULT_POLICY, queue=first.queue, load=records.get, now=later)
     _, resumed = second.sandboxes
     assert second.start == () and second.resume == ("sbx-1",)
@@ -795,8 +800,9 @@ def test_a_suspended_sandbox_that_ends_leaves_the_queue(catalog: Catalog) -> Non
     records, _ = _running(catalog, "sbx-1")
     held = dataclasses.replace(_suspended(records["sbx-1"]), queue_position=1)
     queue = TeamQueue(("sbx-2", "sbx-3"), ("sbx-1", "sbx-4"))
-    decision = finish(held, Report("sbx-1", False, "cancelled"), policy=DEFAULT_POLICY,
-                      queue=queue, load=lambda _i: None, now=NOW + timedelta(seconds=30))
+    decision = finish(held, SandboxFinished("sbx-1", False, termination="cancelled"),
+                      policy=DEFAULT_POLICY, queue=queue, load=lambda _i: None,
+                      now=NOW + timedelta(seconds=30))
     [ended] = decision.sandboxes
     assert (ended.state, ended.reason) == (SandboxState.KILLED, "cancelled")
     assert ended.suspended_at is None and ended.suspended_ms == 30_000
@@ -947,7 +953,7 @@ def test_the_dashboard_shows_a_suspended_sandbox_and_how_to_resume_it(catalog: C
     from functions.dashboard.web import handle as web
 
     record, _ = admitted(catalog, "sbx-idle", TeamQueue())
-    held = suspend(record, Suspension("sbx-idle", 600), policy=DEFAULT_POLICY,
+    held = suspend(record, SandboxSuspended("sbx-idle", 600), policy=DEFAULT_POLICY,
                    queue=TeamQueue(("sbx-idle",)), load=lambda _i: None, now=NOW).sandboxes[0]
     waiting = dataclasses.replace(held, id="sbx-wait", queue_position=1)
     config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
@@ -986,13 +992,14 @@ def test_the_dashboard_shows_a_suspended_sandbox_and_how_to_resume_it(catalog: C
 def test_an_idle_report_suspends_only_a_running_sandbox_idle_past_its_limit(
         catalog: Catalog, state: SandboxState, suspensions: int, idle_limit: int,
         observed: int, sequence: int, reason: Reason, suspend_as: int | None) -> None:
-    from functions.domain.sandboxes import IdleReport, SuspendCommand, idle_detected
+    from functions.domain.sandboxes import SuspendCommand, idle_detected
 
     records, _ = _running(catalog, "sbx-1")
     record = dataclasses.replace(
         records["sbx-1"], state=state, suspensions=suspensions,
         limits=dataclasses.replace(records["sbx-1"].limits, idle_seconds=idle_limit))
-    decision = idle_detected(record, IdleReport("sbx-1", observed, sequence=sequence))
+    decision = idle_detected(record, SandboxIdleDetected("sbx-1", observed, OBSERVED_AT,
+                                                         sequence=sequence))
     assert decision.reason == reason
     # Never a record written nor a slot moved: the runtime's sandbox.suspended does that.
     assert decision.sandboxes == () and decision.queue is None
@@ -1003,7 +1010,7 @@ def test_an_idle_report_suspends_only_a_running_sandbox_idle_past_its_limit(
         assert decision.accepted
         assert decision.suspend == (SuspendCommand("sbx-1", "ml-a", suspend_as, observed),)
         assert f"idle {observed} s (limit {idle_limit} s)" in decision.message
-    unknown = idle_detected(None, IdleReport("sbx-0", 700))
+    unknown = idle_detected(None, SandboxIdleDetected("sbx-0", 700, OBSERVED_AT))
     assert (unknown.accepted, unknown.reason, unknown.suspend) == (
         False, Reason.UNKNOWN_SANDBOX, ())
 
