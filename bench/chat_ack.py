@@ -16,38 +16,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from common import summary
+
 from stack import local, processes
 from stack.chat import ChatClient, new_trigger_id
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 COMMANDS = ("help", "list", "status bench-0", "create bench-{i} --profile cpu-small")
 
 
-def _percentile(sorted_ms: list[float], p: float) -> float:
-    return round(sorted_ms[min(len(sorted_ms) - 1, int(p / 100 * len(sorted_ms)))], 1)
 
 
-def _summary(ms: list[float]) -> dict[str, float]:
-    ordered = sorted(ms)
-    return {"p50": _percentile(ordered, 50), "p90": _percentile(ordered, 90),
-            "p99": _percentile(ordered, 99), "max": round(ordered[-1], 1),
-            "mean": round(statistics.fmean(ordered), 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=500)
     args = parser.parse_args()
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                        data_dir=Path(tempfile.mkdtemp()) / "stack")
-    settings = settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
+                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
     os.environ.update(settings.emulator_env())
     began = time.monotonic()
     local.up(settings, runtime="null")
@@ -75,8 +67,8 @@ def main() -> None:
             "failures": failures,
             "stack_up_seconds": round(up_seconds, 1),
             "cold_first_ack_ms": round(cold.seconds * 1000, 1),
-            "ack_ms": _summary(every),
-            "by_command_ms": {k: _summary(v) for k, v in by_command.items()},
+            "ack_ms": summary(every),
+            "by_command_ms": {k: summary(v) for k, v in by_command.items()},
             "over_3s": sum(ms > 3000 for ms in every),
             "cpus": os.cpu_count(),
             "load_average_1m": round(os.getloadavg()[0], 2),

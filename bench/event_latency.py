@@ -23,17 +23,15 @@ from google.cloud import firestore
 from events import WorkspaceRequested, new_event
 from functions.adapters.pubsub_bus import PubSubBus
 from stack import local, processes
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=100)
     args = parser.parse_args()
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                        data_dir=Path(tempfile.mkdtemp()) / "stack")
-    settings = settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
+                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
     os.environ.update(settings.emulator_env())
     began = time.monotonic()
     report = local.up(settings, runtime="null")

@@ -44,7 +44,7 @@ from functions.handlers import idle
 from functions.handlers.deps import Deps
 from stack import processes
 from stack.metering import FirestoreMeter
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text()))
@@ -123,9 +123,7 @@ def main() -> None:
     parser.add_argument("--sweeps", type=int, default=3)
     args = parser.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project="bench-idle", data_dir=data_dir).with_ports(
-        dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project="bench-idle", data_dir=data_dir))
     service = processes.start(processes.firestore_spec(settings), timeout=120)
     try:
         os.environ["FIRESTORE_EMULATOR_HOST"] = settings.firestore_host

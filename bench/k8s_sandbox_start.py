@@ -40,7 +40,7 @@ from runtime.kubernetes.monitor import KubeCluster
 from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import RecordingPublisher
 from stack import processes
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
@@ -69,9 +69,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stasis-bench-k8s-sandboxes-"))
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"bench-{uuid.uuid4().hex[:8]}", data_dir=work / "stack")
-    settings = settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
+                                                data_dir=work / "stack"))
     processes.start_many([processes.gcs_spec(settings, memory=True)], timeout=60)
     os.environ["STORAGE_EMULATOR_HOST"] = settings.gcs_url
     try:

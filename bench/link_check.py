@@ -36,7 +36,6 @@ import os
 import platform
 import queue
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -214,14 +213,9 @@ def _in_process(tokens: list[str], rate: float, seconds: float) -> dict[str, Any
 
 
 def _summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
+    from bench.common import summary  # after ROOT is on the path (gunicorn imports this too)
 
-    def pct(p: float) -> float:
-        return round(values[min(len(values) - 1, int(p / 100 * len(values)))], 3)
-
-    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": round(values[-1], 3),
-            "mean": round(statistics.fmean(values), 3)}
+    return summary(values, digits=3)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -237,7 +231,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from stack import processes
-    from stack.settings import DEFAULT_PORTS, Settings
+    from stack.settings import Settings
 
     emulator = None
     tmp = tempfile.TemporaryDirectory(prefix="stasis-bench-links-")
@@ -245,9 +239,8 @@ def main() -> int:
         for attempt in range(3 if args.firestore is None else 0):
             # Fresh ports per attempt: on a shared machine a free port can be taken before
             # the emulator binds it.
-            ports = processes.free_ports(len(DEFAULT_PORTS))
-            settings = Settings(project=PROJECT, data_dir=Path(tmp.name)).with_ports(
-                dict(zip(DEFAULT_PORTS, ports, strict=True)))
+            settings = processes.on_free_ports(Settings(project=PROJECT,
+                                                        data_dir=Path(tmp.name)))
             try:
                 emulator = processes.start(processes.firestore_spec(settings), timeout=120)
             except processes.ServiceError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,32 +26,23 @@ import uuid
 from pathlib import Path
 
 import requests
+from common import summary
 
 from stack import local, processes
 from stack.chat import ChatClient, new_trigger_id
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _summary(ms: list[float]) -> dict[str, float]:
-    ordered = sorted(ms)
-
-    def pct(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
-
-    return {"n": len(ordered), "p50": pct(50), "p90": pct(90), "p99": pct(99),
-            "max": round(ordered[-1], 1), "mean": round(statistics.fmean(ordered), 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=50)
     args = parser.parse_args()
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                        data_dir=Path(tempfile.mkdtemp()) / "stack")
-    settings = settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
+                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
     os.environ.update(settings.emulator_env())
     local.up(settings, runtime="null")
     try:
@@ -87,9 +77,9 @@ def main() -> None:
             answered.append(response.status_code)
             time.sleep(0.1)  # under the link's rate limit (10/s)
         print(json.dumps({
-            "chat_ack_ms": _summary(acks),
-            "chat_request_to_notification_ms": _summary(notes),
-            "link_post_to_admission_answer_ms": _summary(posts),
+            "chat_ack_ms": summary(acks),
+            "chat_request_to_notification_ms": summary(notes),
+            "link_post_to_admission_answer_ms": summary(posts),
             "link_statuses": {str(s): answered.count(s) for s in sorted(set(answered))},
             "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
         }, indent=2))

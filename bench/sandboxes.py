@@ -29,7 +29,7 @@ from runtime.local.publisher import RecordingPublisher
 from runtime.local.sandboxes import SandboxRunner, detect_isolation
 from runtime.local.settings import AgentSettings
 from stack import processes
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 LIMITS = {"cpu_seconds": 60, "memory_bytes": 1 << 30, "wall_clock_seconds": 60, "processes": 64}
 
@@ -39,9 +39,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stasis-bench-"))
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"bench-{uuid.uuid4().hex[:8]}", data_dir=work / "stack")
-    settings = settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
+                                                data_dir=work / "stack"))
     processes.start_many([processes.gcs_spec(settings, memory=True)], timeout=60)
     os.environ["STORAGE_EMULATOR_HOST"] = settings.gcs_url
     root = Path(tempfile.mkdtemp(prefix="stasis-bench-sandboxes-"))

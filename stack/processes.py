@@ -691,6 +691,13 @@ def free_ports(count: int, *, avoid: Iterable[int] = DEFAULT_PORTS.values()) -> 
     return chosen
 
 
+def on_free_ports(settings: Settings) -> Settings:
+    """``settings`` with every port of the stack moved to a free one, away from the
+    defaults: a private stack (tests, benchmarks) next to a developer's running one."""
+    return settings.with_ports(dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS)),
+                                        strict=True)))
+
+
 def _probe(url: str, timeout: float) -> bool:
     try:
         with _OPENER.open(url, timeout=timeout) as response:

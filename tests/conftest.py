@@ -52,15 +52,15 @@ from stack.processes import (
     ServiceError,
     ServiceSpec,
     firestore_spec,
-    free_ports,
     gcs_spec,
     load_all,
+    on_free_ports,
     pubsub_spec,
     start_many,
     stop,
     stop_all,
 )
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 # `pytester` lets tests/integration/test_processes.py check these fixtures in a fresh session.
 pytest_plugins = ("pytester",)
@@ -135,7 +135,7 @@ class _EmulatorPool:
         for attempt in range(1, _START_ATTEMPTS + 1):
             # Fresh ports per attempt: the only expected failure is a port taken by someone
             # else between choosing it and the emulator binding it.
-            settings = _on_free_ports(Settings(project="stasis-test", data_dir=self.data_dir))
+            settings = on_free_ports(Settings(project="stasis-test", data_dir=self.data_dir))
             try:
                 return start_many(
                     [_SPEC_BUILDERS[n](settings) for n in names], timeout=_EMULATOR_START_TIMEOUT
@@ -149,12 +149,6 @@ class _EmulatorPool:
     def close(self) -> None:
         stop_all(self.data_dir)
         self.running.clear()
-
-
-def _on_free_ports(settings: Settings) -> Settings:
-    """Every port of `settings` moved to a free one, away from the stack's defaults."""
-    ports = free_ports(len(DEFAULT_PORTS))
-    return settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
 
 
 def _emulators_root() -> Path:
@@ -332,4 +326,4 @@ def emulator_env(
 def isolated_settings(tmp_path: Path, project_id: str) -> Settings:
     """Settings for a private stack: every port free and away from the defaults, data dir
     in this test's tmp dir, this test's project id. Nothing is started."""
-    return _on_free_ports(Settings(project=project_id, data_dir=tmp_path / "stasis"))
+    return on_free_ports(Settings(project=project_id, data_dir=tmp_path / "stasis"))

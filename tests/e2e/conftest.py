@@ -21,7 +21,7 @@ from google.cloud import firestore, pubsub_v1
 
 from stack import local, processes
 from stack.scheduler import schedules
-from stack.settings import DEFAULT_PORTS, Settings
+from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,9 +87,8 @@ class Stack:
 
 
 def _free_settings(tmp: Path) -> Settings:
-    ports = processes.free_ports(len(DEFAULT_PORTS))
-    settings = Settings(project=f"e2e-{uuid.uuid4().hex[:10]}", data_dir=tmp)
-    return settings.with_ports(dict(zip(DEFAULT_PORTS, ports, strict=True)))
+    return processes.on_free_ports(Settings(project=f"e2e-{uuid.uuid4().hex[:10]}",
+                                            data_dir=tmp))
 
 
 def start_stack(tmp: Path, runtime: str) -> Iterator[Stack]:
