@@ -151,10 +151,9 @@ class FirestoreStore:
 
         @firestore.transactional
         def run(transaction: Any) -> TxResult:
-            ledger_snap = ledger_ref.get(transaction=transaction)
-            if ledger_snap.exists:
-                doc = ledger_snap.to_dict()
-                return TxResult(True, LedgerEntry(key, doc["status"], doc.get("outbox", [])))
+            stored = stored_entry(transaction, ledger_ref)
+            if stored is not None:
+                return stored
             ws_snap = ws_ref.get(transaction=transaction)
             view = TxView(workspace_from_doc(ws_snap.to_dict()) if ws_snap.exists else None,
                           transaction, self)
@@ -167,19 +166,14 @@ class FirestoreStore:
             for team_id, usage in view.changed_usage().items():
                 transaction.update(self.db.collection("teams").document(team_id),
                                    {"usage": usage})
-            status = "pending" if outbox else "done"
-            transaction.set(ledger_ref, {
-                "consumer": consumer, "type": event.type, "event_id": event.id,
-                "requestid": event.requestid, "workspace_id": workspace_id, "status": status,
-                "outbox": outbox, "outcome": view.outcome, "processed_at": now,
-                "expire_at": now + LEDGER_TTL,
-            })
-            return TxResult(False, LedgerEntry(key, status, outbox), value)
+            return record_entry(transaction, ledger_ref, event, consumer, outbox=outbox,
+                                outcome=view.outcome, now=now, value=value,
+                                workspace_id=workspace_id)
 
         return run(self.db.transaction(max_attempts=3))
 
     def mark_done(self, key: str) -> None:
-        self.db.collection("processed").document(key).update({"status": "done", "outbox": []})
+        mark_done(self.db, key)
 
     @staticmethod
     def _run_with_backoff(fn: Callable[[], TxResult]) -> TxResult:
@@ -219,6 +213,35 @@ class FirestoreStore:
 def ledger_key(consumer: str, event: Event[Any]) -> str:
     """One effect per (consumer, event type, request): a retried request reuses its requestid."""
     return hashlib.sha256(f"{consumer}|{event.type}|{event.requestid}".encode()).hexdigest()
+
+
+def stored_entry(transaction: Any, ledger_ref: Any) -> TxResult | None:
+    """Inside a transaction: the ledger entry already recorded for this request (a
+    duplicate: nothing to decide again), else None."""
+    snap = ledger_ref.get(transaction=transaction)
+    if not snap.exists:
+        return None
+    doc = snap.to_dict() or {}
+    return TxResult(True, LedgerEntry(ledger_ref.id, doc["status"], doc.get("outbox", [])))
+
+
+def record_entry(transaction: Any, ledger_ref: Any, event: Event[Any], consumer: str, *,
+                 outbox: list[dict[str, Any]], outcome: dict[str, Any], now: datetime,
+                 value: Any, **subject: str) -> TxResult:
+    """Inside the same transaction as the decision: the ledger entry (``pending`` while
+    the outbox is unsent), named by ``subject`` (e.g. ``workspace_id=``)."""
+    status = "pending" if outbox else "done"
+    transaction.set(ledger_ref, {
+        "consumer": consumer, "type": event.type, "event_id": event.id,
+        "requestid": event.requestid, **subject, "status": status, "outbox": outbox,
+        "outcome": outcome, "processed_at": now, "expire_at": now + LEDGER_TTL,
+    })
+    return TxResult(False, LedgerEntry(ledger_ref.id, status, list(outbox)), value)
+
+
+def mark_done(db: firestore.Client, key: str) -> None:
+    """The outbox of ledger entry ``key`` was sent."""
+    db.collection("processed").document(key).update({"status": "done", "outbox": []})
 
 
 def _team_lock(team: str) -> threading.Lock:

@@ -25,12 +25,13 @@ from google.cloud import firestore
 
 from events import Event
 from functions.adapters.firestore_store import (
-    LEDGER_TTL,
     FirestoreStore,
-    LedgerEntry,
     TxResult,
     _team_lock,
     ledger_key,
+    mark_done,
+    record_entry,
+    stored_entry,
 )
 from functions.domain.jobs import Job, JobState
 from functions.domain.quota import Usage
@@ -83,10 +84,9 @@ class FirestoreJobStore:
 
         @firestore.transactional
         def run(transaction: Any) -> TxResult:
-            ledger = ledger_ref.get(transaction=transaction)
-            if ledger.exists:
-                doc = ledger.to_dict() or {}
-                return TxResult(True, LedgerEntry(key, doc["status"], doc.get("outbox", [])))
+            stored = stored_entry(transaction, ledger_ref)
+            if stored is not None:
+                return stored
             job_snap = job_ref.get(transaction=transaction)
             job = Job.from_doc(_aware(job_snap.to_dict())) if job_snap.exists else None
             team_id = team or (job.team if job else None)
@@ -104,20 +104,14 @@ class FirestoreJobStore:
                                 {"usage": view.new_usage.as_dict()}, merge=True)
             if view.audit is not None:
                 transaction.set(self.db.collection("audit").document(), view.audit)
-            status = "pending" if view.outbox else "done"
-            transaction.set(ledger_ref, {
-                "consumer": consumer, "type": event.type, "event_id": event.id,
-                "requestid": event.requestid, "job_id": job_id, "status": status,
-                "outbox": view.outbox, "outcome": view.outcome, "processed_at": now,
-                "expire_at": now + LEDGER_TTL,
-            })
-            return TxResult(False, LedgerEntry(key, status, list(view.outbox)), value)
+            return record_entry(transaction, ledger_ref, event, consumer,
+                                outbox=view.outbox, outcome=view.outcome, now=now,
+                                value=value, job_id=job_id)
 
         return run(self.db.transaction(max_attempts=3))  # type: ignore[no-any-return]
 
     def mark_done(self, key: str) -> None:
-        """The outbox of ledger entry ``key`` was sent."""
-        self.db.collection("processed").document(key).update({"status": "done", "outbox": []})
+        mark_done(self.db, key)
 
     def get(self, job_id: str) -> Job | None:
         snap = self.db.collection(JOBS).document(job_id).get()

@@ -23,11 +23,12 @@ from google.cloud import firestore
 
 from events import Event
 from functions.adapters.firestore_store import (
-    LEDGER_TTL,
     FirestoreStore,
-    LedgerEntry,
     TxResult,
     ledger_key,
+    mark_done,
+    record_entry,
+    stored_entry,
 )
 from functions.domain.sandboxes import Sandbox, SandboxState, TeamQueue
 
@@ -95,10 +96,9 @@ class FirestoreSandboxStore:
 
         @firestore.transactional
         def run(transaction: Any) -> TxResult:
-            ledger = ledger_ref.get(transaction=transaction)
-            if ledger.exists:
-                doc = ledger.to_dict()
-                return TxResult(True, LedgerEntry(key, doc["status"], doc.get("outbox", [])))
+            stored = stored_entry(transaction, ledger_ref)
+            if stored is not None:
+                return stored
             view = SandboxTx(self.db, transaction)
             outbox, value = decide(view)
             for collection, doc_id, data, merge in view.writes:
@@ -108,19 +108,14 @@ class FirestoreSandboxStore:
                     transaction.update(target, data)
                 else:
                     transaction.set(target, data)
-            status = "pending" if outbox else "done"
-            transaction.set(ledger_ref, {
-                "consumer": consumer, "type": event.type, "event_id": event.id,
-                "requestid": event.requestid, "sandbox_id": subject, "status": status,
-                "outbox": outbox, "outcome": view.outcome, "processed_at": now,
-                "expire_at": now + LEDGER_TTL,
-            })
-            return TxResult(False, LedgerEntry(key, status, outbox), value)
+            return record_entry(transaction, ledger_ref, event, consumer, outbox=outbox,
+                                outcome=view.outcome, now=now, value=value,
+                                sandbox_id=subject)
 
         return run(self.db.transaction(max_attempts=3))  # type: ignore[no-any-return]
 
     def mark_done(self, key: str) -> None:
-        self.db.collection("processed").document(key).update({"status": "done", "outbox": []})
+        mark_done(self.db, key)
 
     def get(self, sandbox_id: str) -> Sandbox | None:
         snap = self.db.collection(SANDBOXES).document(sandbox_id).get()
