@@ -428,14 +428,9 @@ def _payload(cls: type, **fields: Any) -> Any:
 def _publish_and_follow(
     settings: Settings, payload: Any, wait: bool, as_json: bool, until: set[str]
 ) -> None:
-    from events import InvalidEvent, new_event
     from stack import client
 
-    try:
-        event = new_event(payload, source="//stasis/cli", requestid=uuid.uuid4().hex)
-    except InvalidEvent as exc:
-        raise click.UsageError(exc.reason) from None
-    _bus(settings).publish(event)
+    event = _publish(settings, payload)
     if not wait:
         out = {"requestid": event.requestid, "workspace_id": event.subject}
         click.echo(
@@ -448,6 +443,19 @@ def _publish_and_follow(
     if as_json:
         _echo_json(outcome)
     sys.exit(0 if outcome.get("ok") else 1)
+
+
+def _publish(settings: Settings, payload: Any) -> Any:
+    """Publish ``payload`` as a new request from the CLI; an invalid one is a usage error
+    that names the field. Returns the event (its requestid is the request's)."""
+    from events import InvalidEvent, new_event
+
+    try:
+        event = new_event(payload, source="//stasis/cli", requestid=uuid.uuid4().hex)
+    except InvalidEvent as exc:
+        raise click.UsageError(exc.reason) from None
+    _bus(settings).publish(event)
+    return event
 
 
 def _bus(settings: Settings) -> Any:

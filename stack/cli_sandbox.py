@@ -28,7 +28,7 @@ from typing import Any
 
 import click
 
-from stack.cli import _as, _bus, _echo_json, _env, _json, _settings, _team_of, _user, main
+from stack.cli import _as, _echo_json, _env, _json, _publish, _settings, _team_of, _user, main
 from stack.settings import Settings
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "KILLED"}
@@ -126,7 +126,7 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
 
     With --wait the exit status is 0 when it succeeded, 3 when it was suspended (idle;
     `stasis sandbox resume ID`), 1 otherwise."""
-    from events import InvalidEvent, SandboxRequested, new_event
+    from events import SandboxRequested
 
     settings = _settings()
     _env(settings)
@@ -142,11 +142,7 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
         sandbox_id=sandbox_id or new_sandbox_id(), team=team, requester=user,
         repository=repository, command=command, base_ref=base_ref, limits=limits,
         allowed_network=list(dict.fromkeys(allowed)))
-    try:
-        event = new_event(payload, source="//stasis/cli", requestid=uuid.uuid4().hex)
-    except InvalidEvent as exc:
-        raise click.UsageError(exc.reason) from None
-    _bus(settings).publish(event)
+    event = _publish(settings, payload)
     if not wait:
         out = {"sandbox_id": payload.sandbox_id, "requestid": event.requestid}
         click.echo(json.dumps(out) if as_json else
@@ -346,7 +342,7 @@ def sandbox_cancel(sandbox_id: str) -> None:
 def sandbox_resume(sandbox_id: str, as_user: str | None, wait: bool, wait_timeout: float,
                    as_json: bool) -> None:
     """Resume a suspended SANDBOX_ID; it waits in the team's queue when no slot is free."""
-    from events import SandboxResumeRequested, new_event
+    from events import SandboxResumeRequested
 
     settings = _settings()
     _env(settings)
@@ -356,9 +352,8 @@ def sandbox_resume(sandbox_id: str, as_user: str | None, wait: bool, wait_timeou
     if doc.get("state") != "SUSPENDED":
         raise click.ClickException(f"sandbox {sandbox_id} is {doc.get('state')}, not "
                                    "suspended: nothing to resume")
-    event = new_event(SandboxResumeRequested(sandbox_id=sandbox_id, requester=_user(as_user)),
-                      source="//stasis/cli", requestid=uuid.uuid4().hex)
-    _bus(settings).publish(event)
+    event = _publish(settings, SandboxResumeRequested(sandbox_id=sandbox_id,
+                                                      requester=_user(as_user)))
     if not wait:
         out = {"sandbox_id": sandbox_id, "requestid": event.requestid}
         click.echo(json.dumps(out) if as_json else
