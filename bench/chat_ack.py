@@ -16,16 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
-from common import summary
+from common import private_stack, summary
 
-from stack import local, processes
 from stack.chat import ChatClient, new_trigger_id
-from stack.settings import Settings
 
 COMMANDS = ("help", "list", "status bench-0", "create bench-{i} --profile cpu-small")
 
@@ -38,13 +34,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=500)
     args = parser.parse_args()
-    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
-    os.environ.update(settings.emulator_env())
     began = time.monotonic()
-    local.up(settings, runtime="null")
-    up_seconds = time.monotonic() - began
-    try:
+    with private_stack() as (settings, _):
+        up_seconds = time.monotonic() - began
         client = ChatClient(settings)
         cold = client.send("create bench-0 --profile cpu-small", user="U0ALICE")
         assert cold.status == 200, cold.body
@@ -73,8 +65,6 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "load_average_1m": round(os.getloadavg()[0], 2),
         }, indent=2))
-    finally:
-        local.down(settings)
 
 
 if __name__ == "__main__":

@@ -11,33 +11,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 import time
-import uuid
-from pathlib import Path
 
+from common import private_stack
 from google.cloud import firestore
 
 from events import WorkspaceRequested, new_event
 from functions.adapters.pubsub_bus import PubSubBus
-from stack import local, processes
-from stack.settings import Settings
+from functions.domain.publishers import OPERATOR
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=100)
     args = parser.parse_args()
-    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
-    os.environ.update(settings.emulator_env())
     began = time.monotonic()
-    report = local.up(settings, runtime="null")
-    up_seconds = time.monotonic() - began
-    try:
-        bus = PubSubBus(settings.project)
+    with private_stack() as (settings, report):
+        up_seconds = time.monotonic() - began
+        bus = PubSubBus(settings.project, origin=OPERATOR)
         db = firestore.Client(project=settings.project)
         latencies = []
         for i in range(args.count):
@@ -60,8 +52,6 @@ def main() -> None:
                 "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 1),
                 "min": round(latencies[0], 1), "max": round(latencies[-1], 1)},
         }, indent=2))
-    finally:
-        local.down(settings)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ batched writes, then times ``functions.handlers.idle.sweep``:
   runtime is not even asked for signals.
 
 Reads and writes are counted at the RPC level of the one Firestore client everything uses
-(``stack.metering``). Signals come from an in-memory table: this measures the control
+(``harness.metering``). Signals come from an in-memory table: this measures the control
 plane's side; on the local stack each asked workspace costs one HTTP call to the node agent
 (8 in parallel).
 
@@ -42,8 +42,8 @@ from functions.domain.catalog import Catalog
 from functions.domain.lifecycle import State, Workspace
 from functions.handlers import idle
 from functions.handlers.deps import Deps
+from harness.metering import FirestoreMeter
 from stack import processes
-from stack.metering import FirestoreMeter
 from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,11 +32,10 @@ from typing import Any
 
 from google.cloud import storage
 
-from functions.adapters.kube_api import KubeApi
-from functions.adapters.kubernetes_sandbox_runtime import GcsUrlSigner, KubernetesSandboxRuntime
-from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
-from runtime.kubernetes.monitor import KubeCluster
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.sandboxes import GcsUrlSigner, KubernetesSandboxRuntime
+from runtime.kubernetes.cluster import KubeCluster
 from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import RecordingPublisher
 from stack import processes
@@ -111,8 +110,8 @@ def main() -> None:
             big_ms = (time.perf_counter() - began) * 1000
             bundle = bucket.get_blob(f"{result_prefix('bench', 'stasis')}/{sm.BUNDLE_OBJECT}")
 
-            watch = SandboxWatch(KubeCluster(cluster.api_client).pods,
-                                 KubeApi(cluster.api_client), gcs, RecordingPublisher())
+            reader = KubeCluster(cluster.api_client)
+            watch = SandboxWatch(reader.pods, reader, gcs, RecordingPublisher())
             target = spec("small-0", "small.git")
             bucket.blob(f"{target.prefix}/{sm.STATUS_OBJECT}").upload_from_string("0 exited")
             from kubernetes import client

@@ -5,7 +5,12 @@ chunk (seconds of work, like a notebook cell that loads and transforms data); th
 agent captures it to fake-gcs-server and restores it into a fresh kernel. On the same
 server, in the same run, the same number of bytes is uploaded and downloaded raw (plain
 HTTP media requests from memory, no hashing, no pickling; one stream and several streams;
-the fastest is the baseline), and the cell is run again in the fresh kernel.
+the fastest is the baseline), and the cell is run again in the fresh kernel. A resume's kernel
+part is timed both ways, alternately, from before its kernel starts to the state back:
+``sequential`` (the kernel starts, then downloads) and ``staged`` (the entry downloads into
+shared memory while the kernel starts, then is mapped: what the node agent does). Every capture
+here is a first one (no parts reused); ``bench/incremental_snapshots.py`` measures the
+following ones.
 
 Targets: capture >= 80% of the fastest raw upload, restore >= 80% of the fastest raw
 download, restore >= 10x faster than re-running the cell.
@@ -20,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -44,8 +48,10 @@ from jupyter_client.manager import KernelManager, start_new_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.snapshot import delete_prefix, restore_kernel, snapshot_kernel
+from runtime.snapshot.kernels import stage_kernel
+from runtime.snapshot.layout import DEFAULT_PART_BYTES, pool_prefix
 from runtime.snapshot.storage import ObjectStore
-from runtime.snapshot.transfer import allocate, default_streams
+from runtime.snapshot.transfer import allocate, capture_hash, default_streams, new_hasher
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -268,13 +274,52 @@ class RawTransfers:
             self.store.delete_objects(self.bucket, [name for name, _ in named])
 
 
-def sha256_seconds(size: int) -> float:
-    """Seconds one core needs to sha256 ``size`` bytes (what verification costs here)."""
-    block = os.urandom(32 * MiB)
+def hash_seconds(size: int, algorithm: str) -> float:
+    """Seconds one core needs to hash ``size`` bytes in 1 MiB steps, as a restore does."""
+    block = memoryview(os.urandom(32 * MiB))
     started = time.perf_counter()
     for _ in range(max(1, size // len(block))):
-        hashlib.sha256(block).digest()
+        digest = new_hasher(algorithm)
+        for start in range(0, len(block), MiB):
+            digest.update(block[start : start + MiB])
+        digest.hexdigest()
     return time.perf_counter() - started
+
+
+def start_and_restore(kernels: Kernels, entry: dict[str, Any], bucket: str, digest: str,
+                      *, staged: bool) -> dict[str, float]:
+    """A resume's kernel part, timed from before the kernel starts to its state back:
+    the kernel started, then it downloads (``staged=False``, as before), or the entry
+    staged into shared memory on a thread while the kernel starts, then mapped
+    (``runtime.snapshot.staging``, what the node agent does)."""
+    import tempfile
+
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-staging-", dir="/dev/shm") as directory:
+        paths: list[list[str] | None] = []
+        ahead = threading.Thread(target=lambda: paths.append(stage_kernel(
+            entry, bucket=bucket, directory=directory, timeout=600))) if staged else None
+        if ahead is not None:
+            ahead.start()
+        manager, client = kernels.start()
+        seconds["kernel_ready_s"] = time.perf_counter() - started
+        if ahead is not None:
+            ahead.join()
+            seconds["staged_s"] = time.perf_counter() - started
+        restore_kernel(manager.connection_file, entry, bucket=bucket, timeout=600,
+                       staged=paths[0] if paths else None)
+        seconds["total_s"] = time.perf_counter() - started
+    if run_cell(client, DIGEST) != digest:
+        raise RuntimeError("the restored state differs from the original")
+    kernels.stop(manager)
+    return seconds
+
+
+def delete_snapshot(bucket: str, prefix: str, store: ObjectStore) -> None:
+    delete_prefix(bucket, prefix, store=store)
+    pool = pool_prefix(prefix) + "/"
+    store.delete_objects(bucket, list(store.list_objects(bucket, pool)))
 
 
 # -- one size -----------------------------------------------------------------------------
@@ -294,6 +339,7 @@ def bench_size(
         raw = RawTransfers(url, bucket, size, args.part_mib * MiB, store)
         captures: list[dict[str, Any]] = []
         restores: list[dict[str, Any]] = []
+        resumes: dict[str, list[dict[str, float]]] = {"sequential": [], "staged": []}
         # Interleaved (raw, capture, restore) rounds, so that load from other work on the
         # host hits all three alike; the best of each is compared.
         for attempt in range(args.repeat):
@@ -324,7 +370,11 @@ def bench_size(
             restores.append({"seconds": seconds, "result": result, "rss": rss})
             if run_cell(target_client, DIGEST) != digest:
                 raise RuntimeError("the restored state differs from the original")
-            delete_prefix(bucket, prefix, store=store)
+            # Kernel start + restore, one after the other and overlapped, alternately.
+            for staged in ((False, True) if attempt % 2 == 0 else (True, False)):
+                resumes["staged" if staged else "sequential"].append(
+                    start_and_restore(kernels, entry, bucket, digest, staged=staged))
+            delete_snapshot(bucket, prefix, store)
             if attempt < args.repeat - 1:
                 kernels.stop(target)
 
@@ -372,7 +422,14 @@ def bench_size(
             "download_s": {k: round(v, 3) for k, v in raw.download_s.items()},
             "upload_best_gib_per_s": round(gib / best_up, 3),
             "download_best_gib_per_s": round(gib / best_down, 3),
-            "sha256_one_core_s": round(sha256_seconds(size), 3),
+            "hash_one_core_s": {name: round(hash_seconds(size, name), 3)
+                                for name in sorted({capture_hash(), "sha256"})},
+        },
+        "kernel_start_and_restore_s": {
+            way: {"best_total_s": round(min(r["total_s"] for r in runs), 3),
+                  "median_total_s": round(sorted(r["total_s"] for r in runs)[len(runs) // 2], 3),
+                  "all": [{k: round(v, 3) for k, v in r.items()} for r in runs]}
+            for way, runs in resumes.items()
         },
         "ratios": {
             "capture_vs_raw_upload": round(best_up / capture_s, 3),
@@ -394,7 +451,8 @@ def main() -> None:
         "--streams", type=int, default=None, help="parallel streams (default: the agent's)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
-    parser.add_argument("--part-mib", type=int, default=32, help="part size in MiB")
+    parser.add_argument("--part-mib", type=int, default=DEFAULT_PART_BYTES // MiB,
+                        help="part size in MiB")
     parser.add_argument("--work", type=int, default=5, help="matmul rounds per 2 MiB of state")
     parser.add_argument("--emulator", default=None, help="use this fake-gcs-server URL")
     args = parser.parse_args()

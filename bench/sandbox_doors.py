@@ -6,7 +6,8 @@ failed to start, so this measures the control plane, not a task) on free ports, 
 - chat: N signed ``/ws sandbox /tmp -- true`` one after another; the ack (Slack's 3 s
   rule: identity, the admission preview on the team's queue and policy, the request record,
   one publish) and the time until the end's notification reaches the Slack sink
-  (sandbox.requested -> handler -> runtime -> sandbox.finished -> notify_chat_sandbox);
+  (sandbox.requested -> handler -> runtime -> sandbox.finished -> handler ->
+  sandbox.state_changed -> notify_chat_sandbox);
 - link: an agent's ``POST <link>/stasis/sandboxes``, answered once the sandbox handler's
   admission is in its ledger (publish, push, one Firestore transaction, the proxy's poll).
 
@@ -20,17 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import requests
-from common import summary
+from common import private_stack, summary
 
-from stack import local, processes
 from stack.chat import ChatClient, new_trigger_id
-from stack.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,11 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=50)
     args = parser.parse_args()
-    settings = processes.on_free_ports(Settings(project=f"bench-{uuid.uuid4().hex[:8]}",
-                                                data_dir=Path(tempfile.mkdtemp()) / "stack"))
-    os.environ.update(settings.emulator_env())
-    local.up(settings, runtime="null")
-    try:
+    with private_stack() as (settings, _):
         client = ChatClient(settings)
         client.send("help", user="U0ALICE")  # the chat app built (cold start excluded)
         acks, notes = [], []
@@ -59,7 +52,7 @@ def main() -> None:
             notes.append((time.perf_counter() - began) * 1000)
 
         env = {**os.environ, "STASIS_USER": "dev"}
-        subprocess.run([sys.executable, "-m", "stack", "ws", "create", "nb", "--team", "ml-a",
+        subprocess.run([sys.executable, "-m", "stasis_cli", "ws", "create", "nb", "--team", "ml-a",
                         "--wait"], env=env, check=True, capture_output=True, cwd=ROOT)
         link = requests.post(f"{settings.functions_url}/links/", timeout=30,
                              json={"workspace_id": "ml-a--nb", "scope": "sandbox"},
@@ -83,8 +76,6 @@ def main() -> None:
             "link_statuses": {str(s): answered.count(s) for s in sorted(set(answered))},
             "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
         }, indent=2))
-    finally:
-        local.down(settings)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Built on the CloudEvents SDK. On Pub/Sub the data is the JSON payload and the attributes
 follow the CloudEvents Pub/Sub binding (``ce-type``, ``ce-id``, ``ce-source``,
-``ce-subject``, ``ce-time``, ``ce-requestid``, ``ce-specversion``), so the same message is a
-CloudEvent for Eventarc and a plain message for any subscriber. Every payload is validated
+``ce-subject``, ``ce-time``, ``ce-requestid``, ``ce-specversion``, and ``ce-origin`` once a
+bus has published it), so the same message is a CloudEvent for Eventarc and a plain message
+for any subscriber. Every payload is validated
 against its JSON Schema on encode and on decode; a violation raises InvalidEvent whose
 ``reason`` names the event type and the offending field.
 """
@@ -72,6 +73,8 @@ def to_cloudevent(event: Event[Any]) -> CloudEvent:
         "datacontenttype": "application/json",
         "requestid": event.requestid,
     }
+    if event.origin:
+        attributes["origin"] = event.origin
     return CloudEvent(attributes, data)
 
 
@@ -122,6 +125,8 @@ def to_pubsub(event: Event[Any]) -> tuple[bytes, dict[str, str]]:
         "ce-requestid": event.requestid,
         "content-type": "application/json",
     }
+    if event.origin:
+        attributes["ce-origin"] = event.origin
     return json.dumps(data, separators=(",", ":")).encode(), attributes
 
 
@@ -154,6 +159,7 @@ def _build(spec: EventSpec, data: Any, attrs: Mapping[str, Any]) -> Event[Any]:
         subject=str(attrs.get("subject") or _default_subject(payload)),
         time=_parse_time(attrs.get("time")),
         requestid=str(attrs.get("requestid") or event_id),
+        origin=str(attrs.get("origin") or ""),
     )
 
 

@@ -1,7 +1,10 @@
-"""The envelope around a payload: id, source, subject, time and the request id.
+"""The envelope around a payload: id, source, subject, time, the request id and the origin.
 
 ``requestid`` stays the same across retries of one user request, so consumers can make a
-retried request have one effect even when its event id is new.
+retried request have one effect even when its event id is new. ``origin`` names the
+component that published it (``functions.domain.publishers``): the publisher sets it (the
+bus adapters stamp their own component), and the delivery guard refuses an event whose
+origin may not send its type.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Event(Generic[P]):
     subject: str
     time: datetime
     requestid: str
+    #: The publishing component ("" until a bus publishes it).
+    origin: str = ""
 
     @property
     def name(self) -> str:
@@ -53,4 +58,4 @@ class Event(Generic[P]):
     def describe(self) -> dict[str, Any]:
         """A short, log-safe description (no payload values)."""
         return {"type": self.type, "id": self.id, "subject": self.subject,
-                "requestid": self.requestid}
+                "requestid": self.requestid, "origin": self.origin}

@@ -22,6 +22,19 @@ def workspace_id(team: str, name: str) -> str:
     return f"{team}{WORKSPACE_SEPARATOR}{name}"
 
 
+def ide_path(workspace_id: str) -> str:
+    """``/w/<workspace id>/``: where the IDE access proxy serves the workspace's IDE. Part of
+    the contract: the runtimes configure the IDE's server for it (``ide_server_path``)."""
+    return f"/w/{workspace_id}/"
+
+
+def ide_server_path(ide_kind: str | None, workspace_id: str) -> str:
+    """The path the IDE's own server serves under: JupyterLab under the proxy's (so the
+    proxy forwards paths unchanged), code-server at its root (it works relatively behind
+    the proxy's prefix, which the proxy strips)."""
+    return "/" if ide_kind == "vscode" else ide_path(workspace_id)
+
+
 @dataclass(frozen=True)
 class WorkspaceRequested:
     """A user asked for a new workspace (chat, CLI)."""
@@ -57,6 +70,13 @@ class WorkspaceRuntimeFailed:
     workspace_id: str
     operation: str
     reason: str
+    #: A resume refused with the snapshot intact, so the workspace stays PAUSED:
+    #: ``snapshot_integrity`` (the manifest or a part is not what was recorded; nothing
+    #: was unpickled) or ``restore_refused`` (the kernel lacks the accelerator its device
+    #: arrays need), or ``interrupted`` (the runtime restarted during the operation, which
+    #: changed nothing it was given: a resume's snapshot and home are as they were).
+    #: None: any other failure.
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,8 @@ class WorkspacePauseRequested:
 
 @dataclass(frozen=True)
 class WorkspaceIdleDetected:
-    """Activity signals of one workspace, as seen by the node agent or cluster monitor."""
+    """Activity signals of one workspace, as seen by the node agent or cluster monitor, or
+    a GPU-idle alert of cluster monitoring (``cause`` ``gpu_idle``)."""
 
     workspace_id: str
     last_activity: str
@@ -81,6 +102,59 @@ class WorkspaceIdleDetected:
     busy_kernels: int = 0
     connections: int = 0
     gpu_utilization: float | None = None
+    #: ``activity``: the runtime's own signals. ``gpu_idle``: cluster monitoring measured
+    #: the GPU quiet (``gpu_utilization`` is its duty cycle) and knows nothing of the
+    #: kernels; the idle handler asks the runtime for them before the policy decides.
+    cause: str = "activity"
+    #: Where a monitoring signal comes from, in words (the alert, its threshold, window).
+    evidence: str = ""
+
+
+@dataclass(frozen=True)
+class WorkspaceRuntimeAlert:
+    """Cluster monitoring saw trouble in a running workspace that no state change answers
+    (``oom_killed``: a container was OOM-killed, its kernels restart empty;
+    ``gpu_memory_high``: its GPU memory is near full). Recorded for the owner."""
+
+    workspace_id: str
+    alert: str
+    observed_at: str
+    detail: str
+    value: float | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkspacePreempted:
+    """The node a workspace's server ran on went away, as the platform's own logs say (a
+    Spot preemption, the node's deletion), or the server itself vanished (the reconciler
+    found a RUNNING workspace without it): the server and its kernels' memory are gone."""
+
+    workspace_id: str
+    node: str
+    #: When it happened (the log entry's time): a server that started later is not hit.
+    preempted_at: str
+    #: ``spot_preemption`` (Compute Engine reclaimed the VM), ``node_deleted``, or
+    #: ``server_lost`` (the reconciler: the runtime no longer runs it).
+    cause: str = "spot_preemption"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class WorkspaceScheduled:
+    """The scheduler's verdict on one workspace at the ``version`` it saw: ``admit`` a
+    QUEUED one (on ``node``), ``expire`` it (past its maximum wait), ``preempt`` a RUNNING
+    one by pause for ``for_workspace``, ``warn`` the owner of a busy one that it will be
+    (in ``after_seconds``), or take a ``checkpoint`` of a RUNNING one."""
+
+    workspace_id: str
+    version: int
+    action: str
+    node: str | None = None
+    for_workspace: str | None = None
+    after_seconds: int | None = None
+    #: In words, for the owner.
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,6 +173,14 @@ class SnapshotFinished:
     captured: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    #: sha256 of the manifest as written: the control plane keeps it, and every restore
+    #: refuses a manifest that does not match it (``kernel`` method).
+    manifest_sha256: str | None = None
+    #: The stored parts the snapshot uses, ``{object name: bytes}``; parts shared with
+    #: other snapshots of the workspace are counted once against the team.
+    parts: dict[str, int] = field(default_factory=dict)
+    #: Bytes this snapshot sent; the rest were parts the previous snapshot had stored.
+    uploaded_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +190,9 @@ class WorkspaceResumeRequested:
     workspace_id: str
     actor: str
     profile: str | None = None
+    #: Restore device arrays (GPU tensors) onto CPU: how a snapshot taken on a GPU
+    #: resumes on a profile without one.
+    device_arrays_to_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +219,11 @@ class WorkspaceStateChanged:
     message: str = ""
     url: str | None = None
     reply_to: str | None = None
+
+    @property
+    def event_id(self) -> str:
+        """Deterministic: one event per version of the workspace, however often it is sent."""
+        return f"{self.workspace_id}-v{self.version}"
 
 
 @dataclass(frozen=True)
@@ -262,6 +352,33 @@ class SandboxResumeRequested:
 
 
 @dataclass(frozen=True)
+class SandboxStateChanged:
+    """A sandbox moved from one state to another (notify, audit): the one a report or a
+    request was about, and every queued or suspended one that took a freed slot. A
+    request refused at once is recorded FAILED from no state (``from_state`` None)."""
+
+    sandbox_id: str
+    team: str
+    requester: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    version: int
+    message: str = ""
+    #: A suspension, as the runtime reported it: how long the task had made no progress,
+    #: how it is held (``freeze``, ``pod``), and the checkpoint of its changes so far.
+    idle_seconds: int = 0
+    method: str = ""
+    checkpoint_uri: str | None = None
+    checkpoint_files: int = 0
+
+    @property
+    def event_id(self) -> str:
+        """Deterministic: one event per version of the sandbox, however often it is sent."""
+        return f"{self.sandbox_id}-v{self.version}"
+
+
+@dataclass(frozen=True)
 class SnapshotExpired:
     """A snapshot passed its retention; its objects are to be deleted."""
 
@@ -311,6 +428,26 @@ class JobFinished:
 
 
 @dataclass(frozen=True)
+class JobStateChanged:
+    """A job was admitted or refused (``from_state`` None), or it ended (notify, audit)."""
+
+    job_id: str
+    team: str
+    owner: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    message: str = ""
+    workspace_id: str | None = None
+    runtime: str = "local"
+
+    @property
+    def event_id(self) -> str:
+        """Deterministic: a job enters each of its states at most once."""
+        return f"{self.job_id}-{self.to_state.lower()}"
+
+
+@dataclass(frozen=True)
 class EventSpec:
     """What the contract says about one event type."""
 
@@ -337,6 +474,9 @@ CATALOG: dict[str, EventSpec] = {
         EventSpec("workspace.runtime_failed", WorkspaceRuntimeFailed),
         EventSpec("workspace.pause_requested", WorkspacePauseRequested),
         EventSpec("workspace.idle_detected", WorkspaceIdleDetected),
+        EventSpec("workspace.preempted", WorkspacePreempted),
+        EventSpec("workspace.scheduled", WorkspaceScheduled),
+        EventSpec("workspace.runtime_alert", WorkspaceRuntimeAlert),
         EventSpec("snapshot.finished", SnapshotFinished),
         EventSpec("workspace.resume_requested", WorkspaceResumeRequested),
         EventSpec("workspace.delete_requested", WorkspaceDeleteRequested),
@@ -348,9 +488,11 @@ CATALOG: dict[str, EventSpec] = {
         EventSpec("sandbox.suspended", SandboxSuspended),
         EventSpec("sandbox.resume_requested", SandboxResumeRequested),
         EventSpec("sandbox.idle_detected", SandboxIdleDetected),
+        EventSpec("sandbox.state_changed", SandboxStateChanged),
         EventSpec("snapshot.expired", SnapshotExpired),
         EventSpec("job.submitted", JobSubmitted),
         EventSpec("job.finished", JobFinished),
+        EventSpec("job.state_changed", JobStateChanged),
     )
 }
 

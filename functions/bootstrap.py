@@ -1,14 +1,20 @@
 """The one place that picks concrete adapters, lazily, from the environment.
 
-Nothing here runs at import time: the first delivery builds the clients (cold start), and
-they are reused by later deliveries in the same instance.
+Nothing here runs at import time: the first delivery or request builds the clients (cold
+start), and they are reused by later ones in the same instance. ``deliver`` and ``serve``
+only look the function up in ``functions/routes.py`` and hand its handler what it needs:
+the control plane's ``Deps`` (event functions, and HTTP functions by default), or the
+front door's dependencies its HTTP route names (:data:`_PROVIDERS`).
 
 Environment: GOOGLE_CLOUD_PROJECT / STASIS_PROJECT, STASIS_SNAPSHOT_BUCKET,
 STASIS_RUNTIME (``local``, the default, ``kubernetes`` with ``STASIS_K8S_*``, or ``null``
-for control-plane tests and benchmarks),
-STASIS_NODE_AGENT_URL (local runtime), and the emulator hosts on the local stack.
+for control-plane tests and benchmarks), STASIS_NULL_RUNTIME_MATCH (benchmarks: the
+workspace ids matching this pattern run on the null runtime beside that one),
+STASIS_NODE_AGENT_URL and STASIS_NODE_AGENT_TOKEN (local runtime: the agent answers only
+that credential), and the emulator hosts on the local stack.
+STASIS_IDE_PROXY_URL (a running workspace's url is its IDE there, ``/w/<id>/``).
 Chat: STASIS_SLACK_SIGNING_SECRET, STASIS_SLACK_BOT_TOKEN, STASIS_SLACK_API_URL
-(``functions/adapters/slack.py``).
+(``functions/adapters/slack.py``). The Alertmanager webhook: STASIS_ALERTMANAGER_TOKEN.
 """
 
 from __future__ import annotations
@@ -16,32 +22,47 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from functions.delivery import deliver as _deliver
+from functions.delivery import deliver_raw as _deliver_raw
 from functions.handlers.deps import Deps
-from functions.routes import ROUTES
+from functions.origin import current, enter
+from functions.routes import HTTP_FUNCTIONS, PUBLISHERS, ROUTES, Raw
+
+if TYPE_CHECKING:  # the front doors' modules are imported on their first request
+    from functions.chatops.web import ChatFront
+    from functions.dashboard.web import WebDeps
+    from functions.handlers.monitoring import Relay
+    from functions.portal.ports import PortalDeps
+    from functions.proxy.wiring import Wiring
 
 CATALOG_TTL_SECONDS = 10.0
 
 
 def deliver(function: str, cloud_event: Any) -> None:
+    """Run the event function ``function`` on one delivery, under the delivery guard (which
+    takes the event only from a component that may send it), as ``function``: the origin
+    of what it publishes."""
     route = ROUTES[function]
-    _deliver(cloud_event, route.function, route.event, route.handler, deps())
+    enter(function)
+    if isinstance(route, Raw):
+        _deliver_raw(cloud_event, route.function, route.handler, deps())
+        return
+    _deliver(cloud_event, route.function, route.event, route.handler, deps(),
+             senders=PUBLISHERS.get(route.event, frozenset()))
 
 
-def reconcile(request: Any) -> Any:
-    """Scheduled repair of stuck transitions; answers the plan it carried out as JSON."""
-    from functions.handlers.reconciler import reconcile as run
-    from functions.handlers.reconciler import summary
-    from functions.ports import RuntimeUnavailable
-
-    try:
-        return {"repairs": summary(run(deps(), fix=request.args.get("dry_run") is None))}
-    except RuntimeUnavailable as exc:  # the next scheduled run tries again
-        return {"error": f"the runtime did not answer: {exc}"}, 503
+def serve(function: str, request: Any) -> Any:
+    """Answer one request of the HTTP function ``function``, as ``function`` (its streamed
+    body too, which runs after this returns: ``functions.origin``)."""
+    route = HTTP_FUNCTIONS[function]
+    enter(function)
+    return route.load()(request, _PROVIDERS[route.deps]())
 
 
 def project() -> str:
@@ -49,21 +70,26 @@ def project() -> str:
         "stasis-local"
 
 
-@cache
-def deps() -> Deps:
+def database() -> Any:
+    """The project's Firestore client (the functions' and the IDE proxy's)."""
     from google.cloud import firestore
 
+    return firestore.Client(project=project())
+
+
+@cache
+def deps() -> Deps:
     from functions.adapters.firestore_store import FirestoreStore
     from functions.adapters.pubsub_bus import PubSubBus
     from functions.adapters.snapshots import SnapshotStore, storage_client
 
-    db = firestore.Client(project=project())
-    bus = PubSubBus(project())
+    db = database()
+    bus = PubSubBus(project(), origin=current)  # shared by the functions one host serves
     bucket = os.environ.get("STASIS_SNAPSHOT_BUCKET", "stasis-snapshots")
     return Deps(
         store=FirestoreStore(db),
         bus=bus,
-        runtime=_runtime(bus),
+        runtime=runtime_for(bus),
         snapshots=SnapshotStore(db, storage_client(project()), bucket),
         catalog=_CatalogCache(db).get,
         clock=lambda: datetime.now(UTC),
@@ -74,7 +100,14 @@ def deps() -> Deps:
         sandboxes=_sandbox_deps(db, bus),
         jobs=_job_store(db),
         job_runtime=_job_runtime(),
+        ide_proxy_url=os.environ.get("STASIS_IDE_PROXY_URL") or None,
     )
+
+
+def _fleet(db: Any) -> Any:
+    from functions.adapters.fleet_store import FleetStore
+
+    return FleetStore(db)
 
 
 def _job_store(db: Any) -> Any:
@@ -88,7 +121,7 @@ def _job_runtime() -> Any:
     none elsewhere (a local job is the submitting kernel's own children)."""
     if os.environ.get("STASIS_RUNTIME", "local") != "kubernetes":
         return None
-    from functions.adapters.kubernetes_job_runtime import KubernetesJobRuntime
+    from functions.kubernetes.jobs import KubernetesJobRuntime
 
     # The catalog through deps(), called later (not while deps() is being built).
     return KubernetesJobRuntime.from_environment(catalog=lambda: deps().catalog())
@@ -102,29 +135,64 @@ def _sandbox_deps(db: Any, bus: Any) -> Any:
     from functions.handlers.sandbox_ports import SandboxDeps
 
     kind = os.environ.get("STASIS_RUNTIME", "local")
-    runtime: Any = NullSandboxRuntime(bus)
+    runtime: Any = NullSandboxRuntime(_null_runtime_bus())
     if kind == "local":
-        runtime = LocalSandboxRuntime(
-            os.environ.get("STASIS_NODE_AGENT_URL", "http://127.0.0.1:8714"))
+        runtime = LocalSandboxRuntime(**_node_agent())
     elif kind == "kubernetes":
-        from functions.adapters.kubernetes_sandbox_runtime import KubernetesSandboxRuntime
+        from functions.kubernetes.sandboxes import KubernetesSandboxRuntime
 
         runtime = KubernetesSandboxRuntime.from_environment(bus=bus, project=project())
     return SandboxDeps(store=FirestoreSandboxStore(db), runtime=runtime)
 
 
-def _runtime(bus: Any) -> Any:
-    kind = os.environ.get("STASIS_RUNTIME", "local")
-    if kind == "null":
-        from functions.adapters.null_runtime import NullRuntime
+def _node_agent() -> dict[str, Any]:
+    """The node agent's URL and the control plane's credential for it."""
+    return {"base_url": os.environ.get("STASIS_NODE_AGENT_URL", "http://127.0.0.1:8714"),
+            "token": os.environ.get("STASIS_NODE_AGENT_TOKEN") or None}
 
-        return NullRuntime(bus)
+
+@cache
+def _null_runtime_bus() -> Any:
+    """The null runtime stands in for a runtime: what it reports is a runtime's outcome,
+    published as its own component (``functions.domain.publishers.NULL_RUNTIME``), not as
+    the function that asked it."""
+    from functions.adapters.pubsub_bus import PubSubBus
+    from functions.domain.publishers import NULL_RUNTIME
+
+    return PubSubBus(project(), origin=NULL_RUNTIME)
+
+
+def runtime_for(bus: Any) -> Any:
+    """The runtime of ``STASIS_RUNTIME`` (the functions and the IDE proxy use it); with
+    ``STASIS_NULL_RUNTIME_MATCH`` (benchmarks), the workspaces whose id matches that
+    pattern run on the null runtime beside it (``functions.adapters.split_runtime``)."""
+    kind = os.environ.get("STASIS_RUNTIME", "local")
+    match = os.environ.get("STASIS_NULL_RUNTIME_MATCH")
+    if match and kind != "null":
+        from functions.adapters.split_runtime import SplitRuntime
+
+        return SplitRuntime(_runtime_of(kind), _null_runtime(), match)
+    return _runtime_of(kind)
+
+
+def _null_runtime() -> Any:
+    from functions.adapters.null_runtime import NullRuntime
+
+    # Every instance of the function host sees the same (pretend) node.
+    data_dir = os.environ.get("STASIS_DATA_DIR")
+    return NullRuntime(_null_runtime_bus(), state_file=Path(data_dir) / "null-runtime.sqlite"
+                       if data_dir else None)
+
+
+def _runtime_of(kind: str) -> Any:
+    if kind == "null":
+        return _null_runtime()
     if kind == "local":
         from functions.adapters.local_runtime import LocalRuntime
 
-        return LocalRuntime(os.environ.get("STASIS_NODE_AGENT_URL", "http://127.0.0.1:8714"))
+        return LocalRuntime(**_node_agent())
     if kind == "kubernetes":
-        from functions.adapters.kubernetes_runtime import KubernetesRuntime
+        from functions.kubernetes.workspaces import KubernetesRuntime
 
         # The catalog through deps(), called later (not while deps() is being built).
         return KubernetesRuntime.from_environment(catalog=lambda: deps().catalog())
@@ -153,23 +221,19 @@ class _CatalogCache:
 
 
 # --- the chat front door ------------------------------------------------------------------
-def chat(request: Any) -> Any:
-    """The Slack ``/ws`` command (HTTP). Refuses to serve (503) without a signing secret.
-
-    ``GET`` builds the app and its clients and makes one Firestore read, then answers 200:
-    a warm-up (`stasis up`, a scheduler or min-instance probe) so that the first slash
-    command after a cold start still acks within Slack's 3 seconds.
-    """
+def _chat() -> ChatFront:
+    """The Slack app, or why there is none (built again on the next request: a secret set
+    since is picked up)."""
     from functions.adapters.slack import ChatNotConfigured
+    from functions.chatops.web import ChatFront
+
+    def warm_up() -> Any:
+        return deps().chat.records.recall("warm-up")
 
     try:
-        function = _chat_function()
+        return ChatFront(_chat_function().handle, warm_up)
     except ChatNotConfigured as exc:
-        return {"error": str(exc)}, 503
-    if request.method == "GET":
-        deps().chat.records.recall("warm-up")
-        return {"ok": True}
-    return function.handle(request)
+        return ChatFront(None, warm_up, problem=str(exc))
 
 
 @cache
@@ -193,68 +257,20 @@ def _chat_deps(db: Any, bus: Any) -> Any:
 
 
 # --- agent links: the access proxy and the link issuer (functions/proxy) -------------------
-def proxy(request: Any) -> Any:
-    """The access proxy for agent links (``functions/proxy/access.py``)."""
-    return _links().proxy(request)
-
-
-def links(request: Any) -> Any:
-    """Create, list and revoke agent links (``functions/proxy/issuer.py``)."""
-    return _links().issuer(request)
-
-
 @cache
-def _links() -> Any:
+def _links() -> Wiring:
     from functions.proxy.wiring import build
 
     return build(deps())
 
 
-# --- idle auto-pause, the janitor, the cost rollup (Cloud Scheduler; stasis idle/janitor/cost)
-def idle_sweep(request: Any) -> Any:
-    """Pause idle workspaces (``?dry_run=1``: only say which)."""
-    from functions.handlers.idle import sweep
-
-    return sweep(deps(), dry_run=request.args.get("dry_run") is not None)
-
-
-def janitor(request: Any) -> Any:
-    """Snapshot retention and orphans; ``?mode=report|policy|fix`` (default policy)."""
-    from functions.handlers.janitor import MODES, run
-
-    mode = request.args.get("mode", "policy")
-    if mode not in MODES:
-        return {"error": f"unknown mode {mode!r}: one of {', '.join(MODES)}"}, 400
-    return run(deps(), mode=mode)
-
-
-def cost_rollup(request: Any) -> Any:
-    """Per-team cost rollups (``?team=T``; ``?dry_run=1``: computed, not written)."""
-    from functions.handlers.cost import rollup
-
-    try:
-        return {"teams": rollup(deps(), team=request.args.get("team") or None,
-                                write=request.args.get("dry_run") is None)}
-    except ValueError as exc:
-        return {"error": str(exc)}, 400
-
-
-def _fleet(db: Any) -> Any:
-    from functions.adapters.fleet_store import FleetStore
-
-    return FleetStore(db)
-
-
 # --- the admin dashboard (functions/dashboard): read-only, its own Firestore reads ----------
-def dashboard(request: Any) -> Any:
-    """The admin dashboard (HTML). Identity and admins: ``functions/dashboard/access.py``."""
-    from functions.dashboard.web import handle
-
-    return handle(request, _dashboard_deps(project()))
+def _dashboard() -> WebDeps:
+    return _dashboard_deps(project())
 
 
 @cache
-def _dashboard_deps(project_id: str) -> Any:
+def _dashboard_deps(project_id: str) -> WebDeps:
     # Keyed by project: nothing but a Firestore client is built (no bus, no runtime).
     from google.cloud import firestore
 
@@ -269,3 +285,41 @@ def _dashboard_deps(project_id: str) -> Any:
         return IapIdentity(audience, certs_url=certs_url)
 
     return WebDeps(reader=lambda: FirestoreReader(db), clock=lambda: datetime.now(UTC), iap=iap)
+
+
+# --- the researcher's portal (functions/portal): the control plane's bus and runtime ------
+@cache
+def _portal() -> PortalDeps:
+    from functions.adapters.portal_store import FirestorePortalStore
+    from functions.adapters.snapshots import storage_client
+    from functions.portal.ports import PortalDeps
+
+    control = deps()
+    iap = _dashboard_deps(project()).iap
+    return PortalDeps(store=FirestorePortalStore(control.store.db,
+                                                 lambda: storage_client(project())),
+                      bus=control.bus, runtime=control.runtime, catalog=control.catalog,
+                      clock=control.clock, links=lambda: _links().issuer, iap=iap)
+
+
+# --- the Alertmanager webhook (functions/handlers/monitoring.py): a token and the topic ----
+@cache
+def _monitoring_relay() -> Relay:
+    from functions.adapters.pubsub_bus import PubSubBus
+    from functions.handlers.monitoring import TOPIC, Relay
+
+    # only a publisher (to the raw monitoring topic): no Firestore client, no runtime
+    bus = PubSubBus(project(), origin=current)
+    return Relay(os.environ.get("STASIS_ALERTMANAGER_TOKEN"),
+                 lambda body: bus.publish_raw(TOPIC, body, {}))
+
+
+#: What each HTTP function's handler is given, by the ``deps`` its route names.
+_PROVIDERS: dict[str, Callable[[], Any]] = {
+    "control_plane": deps,
+    "chat": _chat,
+    "links": _links,
+    "dashboard": _dashboard,
+    "portal": _portal,
+    "monitoring_relay": _monitoring_relay,
+}

@@ -1,6 +1,8 @@
 """The ports of the control plane: what handlers need from the outside world.
 
-Handlers depend on these protocols only; ``bootstrap.py`` picks the adapters. A runtime
+Handlers depend on these protocols only; ``bootstrap.py`` picks the adapters. Every state
+change goes through the :class:`Ledger` (``functions.adapters.firestore_store``, or the
+in-memory one of the tests), whatever family it is about. A runtime
 works asynchronously: ``provision``, ``snapshot`` and ``restore`` return once the work is
 accepted, and the runtime reports the outcome as an event (workspace.ready,
 snapshot.finished, workspace.runtime_failed). ``release`` and ``destroy`` are synchronous
@@ -9,8 +11,9 @@ and idempotent: calling them for a workspace that is already gone is not an erro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from events import Event
@@ -66,9 +69,18 @@ class Runtime(Protocol):
 
     def provision(self, spec: WorkspaceSpec) -> None: ...
 
-    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str) -> None: ...
+    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str, *, base: str | None = None,
+                 base_manifest_sha256: str | None = None) -> None:
+        """Snapshot the workspace; ``base`` (the current snapshot, its manifest's sha256)
+        has parts the capture need not send again."""
+        ...
 
-    def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None: ...
+    def restore(self, spec: WorkspaceSpec, snapshot_id: str, *,
+                manifest_sha256: str | None = None,
+                device_arrays_to_cpu: bool = False) -> None:
+        """Restore a snapshot whose manifest must hash to ``manifest_sha256``; the outcome
+        comes back as workspace.ready or workspace.runtime_failed."""
+        ...
 
     def release(self, workspace_id: str) -> None: ...
 
@@ -77,6 +89,13 @@ class Runtime(Protocol):
     def status(self, workspace_id: str) -> RuntimeStatus | None: ...
 
     def list(self) -> list[RuntimeStatus]: ...
+
+    def progress(self, workspace_id: str) -> Mapping[str, Any] | None:
+        """How far the operation in flight on the workspace has got (``phase``,
+        ``started_at``, ``first_byte_at``, ``done_bytes``, ``total_bytes``,
+        ``observed_at``; read by ``functions.domain.progress.describe``), or None when
+        nothing is in flight or the runtime cannot tell. A read: never changes anything."""
+        ...
 
 
 class Bus(Protocol):
@@ -89,17 +108,80 @@ class Clock(Protocol):
     def now(self) -> Any: ...
 
 
-class Transaction(Protocol):
-    """What a decision callback sees inside a store transaction, and what it writes."""
+# --- the ledger: every state change is one transaction through it --------------------------
+@dataclass(frozen=True)
+class Subject:
+    """What one transaction is about: it names the ledger entry (``<kind>_id``), and
+    transactions of the same ``lock`` run one at a time in an instance (a team's
+    admissions, one sandbox's reports), which keeps contended commits rare."""
 
-    workspace: Any
+    kind: str
+    id: str
+    lock: str | None = None
+
+
+class Tx(Protocol):
+    """The documents a decision reads and writes inside its transaction.
+
+    Reads see the documents as they were when the transaction began (never its own
+    writes) and are cached; writes are applied together with the ledger entry at commit,
+    or not at all. Datetimes read back are UTC-aware.
+    """
+
+    def get(self, collection: str, doc_id: str) -> dict[str, Any] | None: ...
+
+    def set(self, collection: str, doc_id: str, data: dict[str, Any], *,
+            merge: bool = False) -> None:
+        """Write a whole document (``merge``: only these fields); an empty id: a new
+        document with a generated id."""
+        ...
+
+    def update(self, collection: str, doc_id: str, fields: dict[str, Any]) -> None:
+        """Change fields of a document that exists (the commit fails if it does not)."""
+        ...
+
+    def find(self, collection: str, field: str, value: Any) -> list[tuple[str, dict[str, Any]]]:
+        """``(id, document)`` of every document whose ``field`` equals ``value``, read in
+        the transaction (recording a snapshot reads its workspace's other records)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a decision leaves in its ledger entry besides the documents it wrote."""
+
+    #: The encoded commands and events, sent once committed (``functions.handlers.pipeline``).
+    outbox: list[dict[str, Any]]
+    #: What whoever waits on the request reads back (``stasis ws ... --wait``).
     outcome: dict[str, Any]
+    #: Handed back to the caller of ``transact``; not stored.
+    decision: Any = None
 
-    def team(self, team_id: str) -> dict[str, Any] | None: ...
 
-    def usage(self, team_id: str) -> dict[str, Any]: ...
+@dataclass(frozen=True)
+class Committed:
+    """A ledger entry after ``transact``: this request's, committed now (``decision`` set)
+    or earlier (a duplicate: ``decision`` None). ``pending``: its outbox is not sent yet."""
 
-    def set(self, collection: str, doc_id: str, data: dict[str, Any]) -> None: ...
+    key: str
+    pending: bool
+    outbox: list[dict[str, Any]]
+    decision: Any = None
+
+
+class Ledger(Protocol):
+    """One effect per (consumer, event type, requestid), with the outbox of that effect."""
+
+    def transact(self, event: Event[Any], consumer: str, subject: Subject,
+                 decide: Callable[[Tx], Entry], *, now: datetime) -> Committed:
+        """Run ``decide`` in one transaction with the ledger entry of this request. A
+        duplicate does not call ``decide`` and returns the stored entry, whose outbox is
+        still to be sent while it is pending."""
+        ...
+
+    def mark_done(self, key: str) -> None:
+        """The outbox of entry ``key`` was sent."""
+        ...
 
 
 @dataclass(frozen=True)

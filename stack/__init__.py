@@ -1,9 +1,19 @@
-"""The embedded local deployment of Stasis.
+"""The embedded local deployment of Stasis: everything `stasis up` runs on one machine, on
+loopback only.
 
-Owns everything `stasis up` needs to run the control plane on one machine, on loopback only:
-the settings of the local stack (`stack.settings`: every port and path in one place), the
-supervisor of its child services (`stack.processes`: the Firestore and Pub/Sub emulators of
-the Google Cloud CLI, fake-gcs-server, the function host and the node agent, each in its own
-process group, stopped as a group), the topics and push subscriptions, seeding, and the
-`stasis` CLI. Nothing here is imported by `functions/` or `events/`.
+- ``settings``: every port, path and name of the local stack, in one place;
+- ``processes``: its child services (the Firestore and Pub/Sub emulators of the Google
+  Cloud CLI, fake-gcs-server, the function host, the node agent, the Slack sink, the
+  scheduler), each in its own process group, recorded in pid files, stopped as a group
+  (the mechanics are ``runtime.supervisor``'s);
+- ``local``: up, down and status of the whole stack; ``host``: the function host (every
+  function in one gunicorn process, two workers); ``topology``: topics, push subscriptions and
+  dead-letter topics; ``scheduler``: the local Cloud Scheduler; ``persistence``: the
+  control plane's state across `stasis down`/`up`; ``admin``: the admin file applied (and
+  the example catalog seeded); ``chat`` and ``slack_sink``: Slack's side of chat;
+  ``portal``: the portal's session secret and the sign-in request of `stasis portal`;
+  ``sandboxes``: what `stasis down` does about running sandboxes;
+
+The `stasis` command that drives it is ``stasis_cli``. Nothing here is imported by
+``functions``, ``runtime`` or ``events``.
 """

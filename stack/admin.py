@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 from google.cloud import firestore
 
@@ -52,8 +53,13 @@ def _db(settings: Settings) -> firestore.Client:
 
 
 def current_revision(settings: Settings) -> str | None:
+    return current(settings).get("revision")
+
+
+def current(settings: Settings) -> dict[str, Any]:
+    """The catalog document last applied ({} before any)."""
     snap = _db(settings).collection("catalog").document("current").get()
-    return (snap.to_dict() or {}).get("revision") if snap.exists else None
+    return (snap.to_dict() or {}) if snap.exists else {}
 
 
 def apply_file(settings: Settings, path: Path, *, actor: str) -> dict[str, Any]:
@@ -92,7 +98,24 @@ def apply(settings: Settings, config: Any, *, actor: str, source: str = "") -> d
     )
     batch.commit()
     _ensure_usage(db, list(docs.teams))
+    push_warm_pools(settings, config.get("environments") or [])
     return {"revision": docs.revision, "changes": summary}
+
+
+def push_warm_pools(
+    settings: Settings, environments: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Tell the local node agent, when one runs, how many warm servers each environment
+    wants (``environments[].warm_pool``); None when no agent answers (the next `stasis up`
+    tells a restarted one)."""
+    body = {"environments": [{k: e[k] for k in ("id", "python", "warm_pool") if k in e}
+                             for e in environments]}
+    try:
+        response = requests.put(f"{settings.node_agent_url}/pools", json=body,
+                                headers=settings.node_agent_headers(), timeout=10)
+    except requests.RequestException:
+        return None
+    return dict(response.json()) if response.ok else None
 
 
 def _ensure_usage(db: firestore.Client, team_ids: list[str]) -> None:

@@ -4,8 +4,8 @@ way Slack does.
 `stasis up` starts the Slack sink (``stack/slack_sink.py``) and gives the function host
 :func:`slack_env`: the local signing secret, bot token and the sink as Web API base URL.
 Each may be overridden with the same variables (``STASIS_SLACK_SIGNING_SECRET``,
-``STASIS_SLACK_BOT_TOKEN``, ``STASIS_SLACK_API_URL``); the local defaults below are for
-loopback only and are not secrets.
+``STASIS_SLACK_BOT_TOKEN``, ``STASIS_SLACK_API_URL``, ``STASIS_SLACK_TEAM_ID``); the local
+defaults below are for loopback only and are not secrets.
 
 :class:`ChatClient` plays Slack: it builds the form body Slack posts for a slash command,
 signs it (v0, with the timestamp header), posts it to the chat function, hands out a
@@ -49,11 +49,17 @@ def bot_token(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get("STASIS_SLACK_BOT_TOKEN") or LOCAL_BOT_TOKEN
 
 
+def team_id(environ: Mapping[str, str] = os.environ) -> str:
+    """The Slack team the chat function serves and :class:`ChatClient` signs as."""
+    return environ.get("STASIS_SLACK_TEAM_ID") or LOCAL_TEAM
+
+
 def slack_env(settings: Settings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """What the function host needs to serve chat on this stack."""
     return {
         "STASIS_SLACK_SIGNING_SECRET": signing_secret(environ),
         "STASIS_SLACK_BOT_TOKEN": bot_token(environ),
+        "STASIS_SLACK_TEAM_ID": team_id(environ),
         "STASIS_SLACK_API_URL": environ.get("STASIS_SLACK_API_URL")
         or f"{settings.slack_sink_url}/api/",
     }
@@ -129,7 +135,7 @@ class ChatClient:
              response_id: str | None = None, channel: str = LOCAL_CHANNEL) -> str:
         """The form body Slack posts for ``/ws <text>``."""
         return urllib.parse.urlencode({
-            "token": "local-verification-token", "team_id": LOCAL_TEAM,
+            "token": "local-verification-token", "team_id": team_id(),
             "team_domain": "stasis-local", "channel_id": channel,
             "channel_name": "directmessage", "user_id": user, "user_name": user.lower(),
             "command": "/ws", "text": text, "api_app_id": "A0STASIS",

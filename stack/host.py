@@ -7,7 +7,9 @@ the time one function does and uses one interpreter's memory instead of N (see
 bench/function_host.py for the numbers), and the functions stay isolated where it matters:
 each has its own app, route and dead-letter topic.
 
-Run: ``gunicorn -k gthread --threads 16 -b 127.0.0.1:PORT stack.host:app``.
+Run: ``gunicorn -k gthread --workers 2 --threads 8 -b 127.0.0.1:PORT stack.host:app``
+(``stack.local.host_spec``; the workers are separate instances that share only the
+emulators).
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ def pause_running(settings: Settings, *, timeout: float = 600.0,
 
     from events import WorkspacePauseRequested, new_event
     from functions.adapters.pubsub_bus import PubSubBus
+    from functions.domain.publishers import OPERATOR
 
     db = firestore.Client(project=settings.project)
     versions = {d.id: (d.to_dict() or {}).get("version", 0) for d in db.collection("workspaces")
@@ -96,7 +97,7 @@ def pause_running(settings: Settings, *, timeout: float = 600.0,
         return {}
     say(f"pausing {len(running)} running workspace(s) so their kernels survive the stop: "
         + ", ".join(running))
-    bus = PubSubBus(settings.project)
+    bus = PubSubBus(settings.project, origin=OPERATOR)
     for ws_id in running:
         bus.publish(new_event(WorkspacePauseRequested(workspace_id=ws_id, actor="stasis-down"),
                               source="//stasis/cli/down", requestid=uuid.uuid4().hex))

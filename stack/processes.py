@@ -1,15 +1,17 @@
-"""Supervisor of the local stack's child services.
+"""The local stack's child services: named, recorded in pid files, started and stopped.
 
 Owns starting, watching and stopping the processes `stasis up` runs (the Firestore and
-Pub/Sub emulators, fake-gcs-server, and whatever else the CLI describes with a
-`ServiceSpec`), and the spec builders of the three emulators.
+Pub/Sub emulators, fake-gcs-server, and whatever else the stack describes with a
+`ServiceSpec`), and the spec builders of the three emulators. The process-group mechanics
+(session, identity, readiness polling, TERM/KILL, log tails) are ``runtime.supervisor``'s,
+shared with the node agent's servers.
 
 Promises:
 
-- Every child runs in its own process group and session (`start_new_session=True`) and is
-  stopped as a group: SIGTERM to the group, a grace period, then SIGKILL to the group. The
-  emulators of the Google Cloud CLI are shell launchers around a JVM (the Firestore one does
-  not even `exec`), so signalling only the launcher would leave the JVM running.
+- Every child runs in its own process group and session and is stopped as a group:
+  SIGTERM to the group, a grace period, then SIGKILL to the group. The emulators of the
+  Google Cloud CLI are shell launchers around a JVM (the Firestore one does not even
+  `exec`), so signalling only the launcher would leave the JVM running.
 - A pid file `<data_dir>/run/<name>.pid` (JSON: pid, pgid, argv, address, log, the leader's
   creation time and the starter's pid) is written as soon as the child exists, so a
   different process (`stasis down`, a later test session) can find and stop it. The
@@ -30,7 +32,6 @@ import logging
 import os
 import platform
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -45,21 +46,14 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from runtime import supervisor
 from stack.settings import DEFAULT_PORTS, HOST, Settings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_START_TIMEOUT = 60.0
 DEFAULT_GRACE = 5.0
-# After SIGKILL the kernel needs a moment to tear a JVM down; past this, something is wrong.
-_KILL_WAIT = 10.0
-_POLL_INTERVAL = 0.05
 _PROBE_TIMEOUT = 1.0
-_TAIL_LINES = 40
-_TAIL_BYTES = 64 * 1024
-# psutil's create_time comes from the same clock every time it is read for one process;
-# a recycled pid gets a different one. The slack only absorbs float rounding.
-_CREATE_TIME_SLACK = 0.5
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 # Loopback probes must never go through an HTTP proxy from the environment.
@@ -180,11 +174,11 @@ class RunningService:
     def owner_alive(self) -> bool:
         """Whether the process that started this service still runs (the same one, not a
         recycled pid)."""
-        return _same_process(self.owner_pid, self.owner_create_time)
+        return supervisor.same_process(self.owner_pid, self.owner_create_time)
 
-    def log_tail(self, lines: int = _TAIL_LINES) -> str:
+    def log_tail(self, lines: int = supervisor.TAIL_LINES) -> str:
         """The last lines the child wrote since this start."""
-        return _read_tail(self.log_path, self.log_offset, lines)
+        return supervisor.read_tail(self.log_path, self.log_offset, lines)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -319,56 +313,35 @@ def _spawn(spec: ServiceSpec) -> RunningService:
         )
 
     log_path = spec.resolved_log_path
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     spec.pid_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **spec.env}
-    with open(log_path, "ab") as log_file:
-        offset = log_file.tell()
-        header = f"=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} start: {' '.join(spec.argv)}\n"
-        log_file.write(header.encode())
-        log_file.flush()
-        try:
-            popen = subprocess.Popen(
-                list(spec.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise ServiceStartError(
-                f"{spec.name}: cannot execute {spec.argv[0]!r}: {exc}", name=spec.name
-            ) from exc
-    spawned = time.monotonic()
-    _CHILDREN[popen.pid] = popen
+    try:
+        child = supervisor.spawn(spec.argv, log_path=log_path, env={**os.environ, **spec.env},
+                                 cwd=spec.cwd, header=f"start: {' '.join(spec.argv)}")
+    except OSError as exc:
+        raise ServiceStartError(
+            f"{spec.name}: cannot execute {spec.argv[0]!r}: {exc}", name=spec.name
+        ) from exc
+    _CHILDREN[child.pid] = child.popen
 
     owner = psutil.Process()
-    try:
-        create_time = psutil.Process(popen.pid).create_time()
-    except psutil.NoSuchProcess:
-        # Exited already; the record is only needed until the readiness check reports it.
-        create_time = time.time()
     service = RunningService(
         name=spec.name,
-        pid=popen.pid,
+        pid=child.pid,
         # start_new_session makes the child the leader of a new group: pgid == pid. Not
         # read with os.getpgid because the child may already be gone.
-        pgid=popen.pid,
+        pgid=child.pid,
         argv=spec.argv,
         address=spec.address,
         ready_url=spec.ready_url,
         log_path=log_path,
         pid_path=spec.pid_path,
         started_at=time.time(),
-        create_time=create_time,
+        create_time=child.create_time,
         owner_pid=owner.pid,
         owner_create_time=owner.create_time(),
-        log_offset=offset,
-        _popen=popen,
-        _spawned=spawned,
+        log_offset=child.log_offset,
+        _popen=child.popen,
+        _spawned=child.at,
     )
     try:
         _write_pid_file(service)
@@ -381,36 +354,23 @@ def _spawn(spec: ServiceSpec) -> RunningService:
     except BaseException:
         _stop_services([service], grace=DEFAULT_GRACE, remove_pid_file=False)
         raise
-    log.info("started %s (pid %d) on %s", spec.name, popen.pid, spec.address)
+    log.info("started %s (pid %d) on %s", spec.name, child.pid, spec.address)
     return service
 
 
 def _await_ready(services: list[RunningService], deadline: float, timeout: float) -> None:
-    pending = list(services)
-    failures: list[tuple[RunningService, str]] = []
-    while pending:
-        for service in list(pending):
-            popen = service._popen
-            rc = popen.poll() if popen is not None else None
-            if rc is not None:
-                failures.append((service, f"exited with code {rc} before it was ready"))
-                pending.remove(service)
-            elif _probe(
-                service.ready_url, min(_PROBE_TIMEOUT, max(0.05, deadline - time.monotonic()))
-            ):
-                service.startup_s = time.monotonic() - service._spawned
-                log.info("%s ready in %.2fs", service.name, service.startup_s)
-                pending.remove(service)
-        if failures:
-            break
-        if pending and time.monotonic() >= deadline:
-            failures.extend(
-                (s, f"not ready within {timeout:g}s ({s.ready_url} did not answer 200)")
-                for s in pending
-            )
-            break
-        if pending:
-            time.sleep(_POLL_INTERVAL)
+    def gone(service: RunningService) -> str | None:
+        code = service._popen.poll() if service._popen is not None else None
+        return None if code is None else f"exited with code {code} before it was ready"
+
+    ready, failed = supervisor.await_ready(
+        services, answers=lambda s, seconds: _probe(s.ready_url, seconds), gone=gone,
+        timeout=max(0.0, deadline - time.monotonic()), probe_timeout=_PROBE_TIMEOUT)
+    for service, at in ready:
+        service.startup_s = at - service._spawned
+        log.info("%s ready in %.2fs", service.name, service.startup_s)
+    failures = [(s, why or f"not ready within {timeout:g}s ({s.ready_url} did not answer 200)")
+                for s, why in failed]
     if not failures:
         return
     # Stop first so the tail includes whatever the child wrote while dying.
@@ -462,22 +422,17 @@ def _stop_services(
     targets = {s.name: _live_targets(s) for s in services}
     running = [s.name for s in services if targets[s.name]]
 
-    for s in services:
-        _signal(s, targets[s.name], signal.SIGTERM)
-    if not _wait_gone(services, targets, grace):
-        for s in services:
-            left = _live_targets(s, targets[s.name])
-            if left:
-                log.warning("%s did not stop within %gs of SIGTERM; killing", s.name, grace)
-                _signal(s, left, signal.SIGKILL)
-        if not _wait_gone(services, targets, _KILL_WAIT):
-            survivors = {s.name: _live_targets(s, targets[s.name]) for s in services}
-            described = ", ".join(
-                f"{name}: pids {[p.pid for p in procs]}"
-                for name, procs in survivors.items()
-                if procs
-            )
-            raise ServiceStopError(f"processes survived SIGKILL: {described}")
+    def collect() -> list[psutil.Process]:
+        # The processes found first stay targets even if they left the group since.
+        return supervisor.merge(*(_live_targets(s, targets[s.name]) for s in services))
+
+    survivors = {p.pid for p in supervisor.terminate(collect, grace=grace)}
+    if survivors:
+        described = ", ".join(
+            f"{s.name}: pids {pids}" for s in services
+            if (pids := sorted(survivors & {p.pid for p in _live_targets(s, targets[s.name])}))
+        )
+        raise ServiceStopError(f"processes survived SIGKILL: {described}")
 
     for s in services:
         _reap(s)
@@ -486,32 +441,6 @@ def _stop_services(
         if s.name in running:
             log.info("stopped %s (pid %d)", s.name, s.pid)
     return running
-
-
-def _signal(service: RunningService, procs: list[psutil.Process], sig: signal.Signals) -> None:
-    if not procs:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(service.pgid, sig)
-    # Descendants that left the group (a daemon calling setsid) are signalled one by one.
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            if _pgid_of(proc.pid) != service.pgid:
-                proc.send_signal(sig)
-
-
-def _wait_gone(
-    services: list[RunningService], targets: Mapping[str, list[psutil.Process]], timeout: float
-) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        for s in services:
-            _reap(s)
-        if not any(_live_targets(s, targets[s.name]) for s in services):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL_INTERVAL)
 
 
 def _reap(service: RunningService) -> None:
@@ -523,69 +452,13 @@ def _reap(service: RunningService) -> None:
 # -- discovery ----------------------------------------------------------------------------
 
 
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose process group is `pgid`."""
-    members = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if _pgid_of(proc.pid) == pgid:
-                members.append(proc)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    return members
-
-
 def _live_targets(
     service: RunningService, previous: Iterable[psutil.Process] = ()
 ) -> list[psutil.Process]:
     """The processes that stopping `service` must end: its group and the descendants of its
     leader, provided the leader is still the process we started (not a recycled pid).
     `previous` adds processes found earlier that may have left the group since."""
-    leader: psutil.Process | None
-    try:
-        leader = psutil.Process(service.pid)
-        if abs(leader.create_time() - service.create_time) > _CREATE_TIME_SLACK:
-            # The pid was recycled. A pid stays reserved while it names a live group, so
-            # the group we started is gone with it.
-            return []
-    except psutil.NoSuchProcess:
-        leader = None
-    found = {p.pid: p for p in group_members(service.pgid)}
-    if leader is not None:
-        with contextlib.suppress(psutil.Error):
-            for child in leader.children(recursive=True):
-                found.setdefault(child.pid, child)
-    for proc in previous:
-        found.setdefault(proc.pid, proc)
-    return [p for p in found.values() if _is_live(p)]
-
-
-def _is_live(proc: psutil.Process) -> bool:
-    try:
-        # is_running() also checks the creation time, so a recycled pid reads as gone.
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def _pgid_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
-def _same_process(pid: int, create_time: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return bool(
-            abs(proc.create_time() - create_time) <= _CREATE_TIME_SLACK
-            and proc.status() != psutil.STATUS_ZOMBIE
-        )
-    except psutil.Error:
-        return False
+    return supervisor.merge(supervisor.process_tree(service.pid, service.create_time), previous)
 
 
 def load(name: str, *, data_dir: Path) -> RunningService | None:
@@ -644,15 +517,8 @@ def _status_of(service: RunningService, probe: bool) -> ServiceStatus:
 
 
 def _write_pid_file(service: RunningService) -> None:
-    """Atomic and exclusive: written to a temporary name, then hard-linked into place, which
-    fails if the name exists (two starters of one service cannot both win)."""
-    path = service.pid_path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(service.to_json(), indent=2) + "\n")
-    try:
-        os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Atomic and exclusive: two starters of one service cannot both win."""
+    supervisor.write_json(service.pid_path, service.to_json(), exclusive=True)
 
 
 def _remove_pid_file(service: RunningService) -> None:
@@ -713,19 +579,6 @@ def _answers(address: str) -> bool:
             return True
     except OSError:
         return False
-
-
-def _read_tail(path: Path, offset: int, lines: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(offset, size - _TAIL_BYTES))
-            data = f.read()
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-    text = data.decode(errors="replace")
-    tail = text.splitlines()[-lines:]
-    return "\n".join(tail) if tail else "(the log is empty)"
 
 
 def _indent(text: str) -> str:

@@ -20,6 +20,7 @@ def stop_running(settings: Settings, *, timeout: float = 30.0) -> list[str]:
     base = f"{settings.node_agent_url}/sandboxes"
     session = requests.Session()
     session.trust_env = False
+    session.headers.update(settings.node_agent_headers())
     try:
         listing = session.get(base, timeout=10).json().get("sandboxes", [])
     except (requests.RequestException, ValueError, AttributeError):

@@ -1,10 +1,11 @@
 """The local stack's Cloud Scheduler: it calls the scheduled HTTP functions on their schedules.
 
-On Google Cloud, Terraform makes one Cloud Scheduler job per scheduled HTTP function, from
-the table `stasis bundle` derives from ``functions/routes.py`` (``stack.cli_bundle``:
-reconcile every 10 minutes, idle_sweep every 5, janitor and cost_rollup hourly). `stasis up`
-runs this process so that the local stack behaves the same: idle workspaces pause by
-themselves and snapshots expire by policy without anyone typing `stasis idle sweep`.
+On Google Cloud, Terraform makes one Cloud Scheduler job per scheduled HTTP function: the
+scheduler-only functions of ``functions/routes.py`` with the cron their route names
+(reconcile every 10 minutes, idle_sweep every 5, janitor and cost_rollup hourly). `stasis up`
+runs this process on the same table so that the local stack behaves the same: idle
+workspaces pause by themselves and snapshots expire by policy without anyone typing
+`stasis idle sweep`.
 
     python -m stack.scheduler --port P --functions-url URL
     GET /      {"jobs": {name: {"schedule", "next", "last": {"at", "status", "seconds",
@@ -42,15 +43,14 @@ CALL_TIMEOUT = 600
 def schedules(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Function name -> cron, exactly the Cloud Scheduler jobs Terraform makes, with the
     ``STASIS_SCHEDULE_<NAME>`` overrides."""
-    from functions.routes import HTTP_FUNCTIONS
-    from stack.cli_bundle import http_access, http_schedule
+    from functions.routes import HTTP_FUNCTIONS, Exposure
 
     env = os.environ if environ is None else environ
     table: dict[str, str] = {}
-    for name in HTTP_FUNCTIONS:
-        if http_access(name) != "scheduler":
+    for name, route in HTTP_FUNCTIONS.items():
+        if route.exposure is not Exposure.SCHEDULER:
             continue
-        cron = env.get(f"STASIS_SCHEDULE_{name.upper()}", http_schedule(name) or "")
+        cron = env.get(f"STASIS_SCHEDULE_{name.upper()}", route.schedule or "")
         if cron.strip():
             if not croniter.is_valid(cron):
                 raise ValueError(f"STASIS_SCHEDULE_{name.upper()}: not a cron expression: "

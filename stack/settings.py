@@ -19,6 +19,7 @@ Variables (all optional):
 | STASIS_SLACK_SINK_PORT    | 8715                 |
 | STASIS_DASHBOARD_PORT     | 8716 (reserved)      |
 | STASIS_SCHEDULER_PORT     | 8717                 |
+| STASIS_IDE_PROXY_PORT     | 8718                 |
 | STASIS_SNAPSHOT_BUCKET    | stasis-snapshots     |
 | STASIS_GCLOUD_SDK_ROOT    | /usr/lib/google-cloud-sdk |
 """
@@ -37,6 +38,7 @@ DEFAULT_PROJECT = "stasis-local"
 DEFAULT_DATA_DIR = ".stasis"
 DEFAULT_SNAPSHOT_BUCKET = "stasis-snapshots"
 DEFAULT_SDK_ROOT = "/usr/lib/google-cloud-sdk"
+DEFAULT_FUNCTION_WORKERS = 2
 
 # Service name -> default port. The names are also the env suffixes: STASIS_<NAME>_PORT.
 DEFAULT_PORTS: Mapping[str, int] = {
@@ -48,6 +50,7 @@ DEFAULT_PORTS: Mapping[str, int] = {
     "slack_sink": 8715,
     "dashboard": 8716,
     "scheduler": 8717,
+    "ide_proxy": 8718,
 }
 
 
@@ -68,10 +71,18 @@ class Settings:
     slack_sink_port: int = DEFAULT_PORTS["slack_sink"]
     dashboard_port: int = DEFAULT_PORTS["dashboard"]
     scheduler_port: int = DEFAULT_PORTS["scheduler"]
+    ide_proxy_port: int = DEFAULT_PORTS["ide_proxy"]
     snapshot_bucket: str = DEFAULT_SNAPSHOT_BUCKET
     sdk_root: Path = Path(DEFAULT_SDK_ROOT)
+    #: gunicorn workers of the function host: processes that share nothing but the
+    #: emulators, as Cloud Functions instances do, so two deliveries for one team meet in
+    #: Firestore's transactions rather than in one process's lock.
+    function_workers: int = DEFAULT_FUNCTION_WORKERS
 
     def __post_init__(self) -> None:
+        if self.function_workers < 1:
+            raise ValueError("the function host needs at least 1 worker "
+                             f"(STASIS_FUNCTION_WORKERS), got {self.function_workers}")
         if not self.project:
             raise ValueError("project id must not be empty (STASIS_PROJECT)")
         if not self.snapshot_bucket:
@@ -115,6 +126,9 @@ class Settings:
             data_dir=Path(get("STASIS_DATA_DIR", DEFAULT_DATA_DIR)).expanduser().resolve(),
             snapshot_bucket=get("STASIS_SNAPSHOT_BUCKET", DEFAULT_SNAPSHOT_BUCKET),
             sdk_root=Path(get("STASIS_GCLOUD_SDK_ROOT", DEFAULT_SDK_ROOT)).expanduser(),
+            function_workers=_count("STASIS_FUNCTION_WORKERS",
+                                    get("STASIS_FUNCTION_WORKERS",
+                                        str(DEFAULT_FUNCTION_WORKERS))),
             **ports,
         )
 
@@ -173,6 +187,25 @@ class Settings:
     def node_agent_url(self) -> str:
         return self.url("node_agent")
 
+    def node_agent_token(self) -> str:
+        """The control plane's credential for the node agent (``<data dir>/agent/token``,
+        made on first use): the function host and the IDE proxy get it in their
+        environment, the CLI reads it here; a workspace never sees it."""
+        from runtime.local.settings import control_token
+
+        return control_token(self.data_dir)
+
+    def workspace_key(self) -> str:
+        """The key of the workspaces' identities (``<data dir>/agent/workspace_key``): the
+        node agent mints each workspace's token with it, the function host checks them."""
+        from runtime.local.settings import workspace_key
+
+        return workspace_key(self.data_dir)
+
+    def node_agent_headers(self) -> dict[str, str]:
+        """What a call to the node agent carries (``Authorization: Bearer ...``)."""
+        return {"Authorization": f"Bearer {self.node_agent_token()}"}
+
     @property
     def slack_sink_url(self) -> str:
         return self.url("slack_sink")
@@ -180,6 +213,11 @@ class Settings:
     @property
     def dashboard_url(self) -> str:
         return self.url("dashboard")
+
+    @property
+    def ide_proxy_url(self) -> str:
+        """The IDE access proxy: each workspace's IDE at ``/w/<workspace id>/``."""
+        return self.url("ide_proxy")
 
     # -- derived paths -------------------------------------------------------------------
 
@@ -213,6 +251,13 @@ class Settings:
             "STASIS_NODE_AGENT_URL": self.node_agent_url,
             "STASIS_FUNCTIONS_URL": self.functions_url,
         }
+
+
+def _count(var: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{var} must be a whole number, got {raw!r}") from None
 
 
 def _port_var(service: str) -> str:

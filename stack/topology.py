@@ -1,10 +1,13 @@
 """The Pub/Sub topology and the bucket of the local stack, derived from functions/routes.py.
 
-One topic per event type; for each function a push subscription on its event's topic that
-delivers to the function host as Eventarc would (the functions framework turns the Pub/Sub
-push into a CloudEvent), with a retry policy and a dead-letter policy (5 attempts) naming
-the function's dead-letter topic; for each dead-letter topic a pull subscription that
-``stasis dlq`` reads. Idempotent: creating what exists is fine.
+One topic per event type; for each event function a push subscription on its event's topic
+that delivers to the function host as Eventarc would (the functions framework turns the
+Pub/Sub push into a CloudEvent), with a retry policy and a dead-letter policy (5 attempts)
+naming the function's dead-letter topic; for each dead-letter topic a pull subscription
+that ``stasis dlq`` reads. A ``Raw`` route's topic (monitoring's, whose messages are not
+Stasis events) is created and pushed the same way. Every name comes from the route
+(``Route.subscription`` and the rest), exactly as Terraform gets it
+(``deploy/tfvars.py``). Idempotent: creating what exists is fine.
 """
 
 from __future__ import annotations
@@ -17,12 +20,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1, storage
 
 from events import CATALOG
-from functions.adapters.pubsub_bus import dead_letter_topic
 from functions.delivery import MAX_DELIVERY_ATTEMPTS
 from functions.routes import ROUTES
 
-PUSH_SUFFIX = "-push"
-DLQ_PULL_SUFFIX = "-pull"
 ACK_DEADLINE_SECONDS = 60
 
 
@@ -31,14 +31,6 @@ class Topology:
     topics: list[str]
     push_subscriptions: dict[str, str]  # subscription -> endpoint
     dead_letter_subscriptions: list[str]
-
-
-def subscription_for(function: str) -> str:
-    return "stasis-" + function.replace("_", "-") + PUSH_SUFFIX
-
-
-def dead_letter_subscription(function: str) -> str:
-    return dead_letter_topic(function) + DLQ_PULL_SUFFIX
 
 
 def ensure(
@@ -51,14 +43,15 @@ def ensure(
     publisher = publisher or pubsub_v1.PublisherClient()
     subscriber = subscriber or pubsub_v1.SubscriberClient()
     topics = [spec.topic for spec in CATALOG.values()]
+    topics += sorted({r.topic for r in ROUTES.values() if r.event is None})  # raw (Raw routes)
     for topic in topics:
         _create_topic(publisher, project, topic)
     pushes: dict[str, str] = {}
     dlq_subs: list[str] = []
     for route in ROUTES.values():
-        dlq = dead_letter_topic(route.function)
+        dlq = route.dead_letter_topic
         _create_topic(publisher, project, dlq)
-        dlq_sub = dead_letter_subscription(route.function)
+        dlq_sub = route.dead_letter_subscription
         _create_subscription(
             subscriber,
             {
@@ -68,7 +61,7 @@ def ensure(
             },
         )
         dlq_subs.append(dlq_sub)
-        name = subscription_for(route.function)
+        name = route.subscription
         endpoint = f"{functions_url.rstrip('/')}/{route.function}/"
         _create_subscription(
             subscriber,
@@ -85,8 +78,7 @@ def ensure(
                     "dead_letter_topic": publisher.topic_path(project, dlq),
                     "max_delivery_attempts": MAX_DELIVERY_ATTEMPTS,
                 },
-                "enable_message_ordering": route.event
-                in ("workspace.requested", "workspace.resume_requested"),
+                "enable_message_ordering": route.ordered,
             },
         )
         pushes[name] = endpoint

@@ -9,6 +9,12 @@ the snapshot bucket). ``from_environment()`` wires it to Pub/Sub, Firestore and 
 Storage (emulators included) for a kernel of a workspace: ``STASIS_PROJECT`` and
 ``STASIS_WORKSPACE_ID`` (the node agent sets both; the team is the id's prefix, the owner
 the workspace's), or ``STASIS_TEAM`` / ``STASIS_OWNER`` outside one.
+
+A workspace the node agent gave an identity (``STASIS_WORKSPACE_TOKEN`` and
+``STASIS_WORKSPACE_URL``, ``events.identity``) reaches the control plane only through the
+``workspace_api`` function instead (:func:`from_identity`, the standard library's HTTP
+client): it publishes the job's events and reads ``jobs/{id}`` there, as its workspace,
+whose team and owner the function takes from the workspace's document.
 """
 
 from __future__ import annotations
@@ -75,15 +81,56 @@ class EventControlPlane:
             duration_ms=duration_ms), source=SOURCE, requestid=f"finish-{job_id}"))
 
 
+def from_identity(env: Mapping[str, str]) -> EventControlPlane:
+    """The control plane through the ``workspace_api`` function, as this workspace."""
+    import dataclasses
+    import json
+    import urllib.error
+    import urllib.request
+
+    from events.identity import TOKEN_VAR, URL_VAR
+
+    base, token = env[URL_VAR].rstrip("/"), env[TOKEN_VAR]
+
+    def call(method: str, path: str, body: Any = None) -> Any:
+        request = urllib.request.Request(
+            f"{base}{path}", method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return json.loads(answer.read() or b"null")
+        except urllib.error.HTTPError as refused:
+            if refused.code == 404 and method == "GET":
+                return None
+            raise PermissionError(f"the control plane refused {method} {path} "
+                                  f"({refused.code}): {refused.read().decode()[:500]}"
+                                  ) from None
+
+    def publish(event: Event[Any]) -> Any:
+        return call("POST", "/events", {"type": event.name, "requestid": event.requestid,
+                                        "payload": dataclasses.asdict(event.payload)})
+
+    workspace_id = env.get("STASIS_WORKSPACE_ID") or None
+    team = (workspace_id or "").split(WORKSPACE_SEPARATOR)[0]
+    return EventControlPlane(publish, lambda job_id: call("GET", f"/jobs/{job_id}"),
+                             team=team, owner="(the workspace's)", workspace_id=workspace_id,
+                             upload_log=_log_uploader(env, team))
+
+
 def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
-    """Pub/Sub + Firestore of ``STASIS_PROJECT`` (the emulators when their hosts are set)."""
+    """The workspace's identity where it has one (:func:`from_identity`), else Pub/Sub +
+    Firestore of ``STASIS_PROJECT`` (the emulators when their hosts are set)."""
+    env = env if env is not None else os.environ
+    if env.get("STASIS_WORKSPACE_TOKEN") and env.get("STASIS_WORKSPACE_URL"):
+        return from_identity(env)
     from google.cloud import firestore
 
     from functions.adapters.pubsub_bus import PubSubBus
+    from functions.domain.publishers import WORKSPACE
 
-    env = env if env is not None else os.environ
     project = env["STASIS_PROJECT"]
-    bus = PubSubBus(project)
+    bus = PubSubBus(project, origin=WORKSPACE)
     db = firestore.Client(project=project)
 
     def read_job(job_id: str) -> Mapping[str, Any] | None:
@@ -98,7 +145,17 @@ def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
     if not owner and workspace_id:
         snap = db.collection("workspaces").document(workspace_id).get()
         owner = (snap.to_dict() or {}).get("owner") if snap.exists else None
-    bucket = env.get("STASIS_SNAPSHOT_BUCKET")
+    return EventControlPlane(bus.publish, read_job, team=team, owner=owner or "unknown",
+                             workspace_id=workspace_id, upload_log=_log_uploader(env, team))
+
+
+def _log_uploader(env: Mapping[str, str], team: str) -> Callable[[str, str], str] | None:
+    """How a job's log reaches Cloud Storage (``gs://BUCKET/jobs/TEAM/ID/log.txt``), where
+    this kernel may write the bucket (``STASIS_SNAPSHOT_BUCKET``; a workspace with a user of
+    its own has none: its jobs' logs stay in its home)."""
+    bucket, project = env.get("STASIS_SNAPSHOT_BUCKET"), env.get("STASIS_PROJECT")
+    if not bucket or not project:
+        return None
 
     def upload_log(job_id: str, path: str) -> str:
         from functions.adapters.snapshots import storage_client
@@ -108,14 +165,14 @@ def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
             path, content_type="text/plain")
         return f"gs://{bucket}/{name}"
 
-    return EventControlPlane(bus.publish, read_job, team=team, owner=owner or "unknown",
-                             workspace_id=workspace_id,
-                             upload_log=upload_log if bucket else None)
+    return upload_log
 
 
 def available(env: Mapping[str, str] | None = None) -> bool:
     """Whether this kernel runs in a workspace of a control plane (``from_environment``
     has what it needs)."""
     env = env if env is not None else os.environ
+    if env.get("STASIS_WORKSPACE_TOKEN") and env.get("STASIS_WORKSPACE_URL"):
+        return True
     return bool(env.get("STASIS_PROJECT") and
                 (env.get("STASIS_WORKSPACE_ID") or env.get("STASIS_TEAM")))

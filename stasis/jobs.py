@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from functions.domain import jobset as js
+from functions.kubernetes.objects import jobset as js
 from runtime.local.jobs import FRAMEWORKS, JobFailed, LocalJob, jax_initialize, new_job_id
 
 __all__ = ["ControlPlane", "Job", "JobFailed", "JobRefused", "KubernetesJob",

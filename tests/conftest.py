@@ -13,7 +13,9 @@ Owns:
   emulators keep data per project id) and `emulator_env` (sets the client variables for
   that project with monkeypatch and yields them);
 - `isolated_settings`: `stack.settings.Settings` on free ports in the test's tmp dir, for
-  tests that start services of their own.
+  tests that start services of their own;
+- the index guard: once a session starts the emulators, a test fails when it ran a
+  Firestore query that needs a composite index nobody declared (`tests/index_guard.py`).
 
 Nothing leaks a JVM: the session fixture stops every emulator in a `finally`, an atexit
 hook and SIGTERM/SIGHUP handlers repeat that if the session is cut short, and each session
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import index_guard
 import psutil
 import pytest
 
@@ -85,6 +88,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if relative.parts and relative.parts[0] in _TIERS:
             item.add_marker(getattr(pytest.mark, relative.parts[0]))
+
+
+@pytest.fixture(autouse=True)
+def _declared_queries_only() -> Iterator[None]:
+    """Fails the test if it ran a query whose composite index is not declared (the guard
+    watches only once the emulators have started)."""
+    yield
+    undeclared = index_guard.take()
+    assert not undeclared, "\n".join(undeclared)
 
 
 # -- the emulator pool --------------------------------------------------------------------
@@ -261,6 +273,7 @@ def _emulator_pool() -> Iterator[_EmulatorPool]:
     (data_dir / "owner.json").write_text(json.dumps(_owner_record()))
     pool = _EmulatorPool(data_dir)
     undo = _install_safety_net(pool)
+    index_guard.install()
     try:
         yield pool
     finally:

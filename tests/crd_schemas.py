@@ -46,3 +46,15 @@ def strict(schema: Any, *, any_metadata: bool = False) -> Any:
 def jobset_schema() -> Any:
     """The strict JobSet (jobset.x-k8s.io/v1alpha2) schema."""
     return strict(load("jobset")["kinds"]["JobSet"]["openAPIV3Schema"])
+
+
+def validate_kueue(obj: dict[str, Any]) -> None:
+    """A Kueue object against the strict Kueue v0.19.2 CRD of its kind (and its scope)."""
+    import jsonschema
+
+    crds = load("kueue.x-k8s.io")
+    crd = crds["kinds"][obj["kind"]]
+    assert obj["apiVersion"] == f"{crds['group']}/{crds['version']}"
+    jsonschema.validate(obj, strict(crd["openAPIV3Schema"], any_metadata=True),
+                        format_checker=jsonschema.FormatChecker())
+    assert ("namespace" in obj["metadata"]) == (crd["scope"] == "Namespaced"), obj["kind"]

@@ -7,12 +7,8 @@ sums are aggregation queries (``count()``, ``sum()``: Firestore bills one read p
 index entries matched and returns no documents), run concurrently on a small shared pool
 because a page asks for a few dozen of them.
 
-Composite indexes a deployment needs (the emulator needs none): workspaces (team|profile|
-state|owner equality, created_at desc) and (profile [, team], updated_at desc); snapshots
-(team, status, created_at), (team, status, expires_at), ([team,] status, expires_at),
-([team,] expired_reason, expired_at desc); links (team, revoked_at, expires_at) and the
-listing orders; audit (actor|target|action|team equality, time desc); sandboxes ([team,]
-created_at desc).
+The queries that need a composite index are declared by the pages
+(``functions/dashboard/pages.py`` ``QUERIES``), and Terraform's indexes are derived from them.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from typing import Any
 
 from google.cloud import firestore
 
+from functions.adapters.firestore_query import query as firestore_query
 from functions.dashboard.reads import (
     MAX_PAGE,
     Aggregation,
@@ -62,10 +59,7 @@ class FirestoreReader:
         return found
 
     def page(self, query: PageQuery) -> Page:
-        q = self._filtered(query.collection, query.where)
-        for name, direction in query.order_by:
-            q = q.order_by(name, direction=firestore.Query.DESCENDING if direction == "desc"
-                           else firestore.Query.ASCENDING)
+        q = firestore_query(self.db, query.collection, query.where, query.order_by)
         if query.fields:
             q = q.select(list(query.fields))
         if query.after is not None:
@@ -86,7 +80,7 @@ class FirestoreReader:
         return list(_POOL.map(self._aggregate_one, queries))
 
     def _aggregate_one(self, query: Aggregation) -> Mapping[str, float]:
-        agg = self._filtered(query.collection, query.where).count(alias="count")
+        agg = firestore_query(self.db, query.collection, query.where).count(alias="count")
         for name in query.sums:
             agg = agg.sum(name, alias=f"sum_{name}")
         result: dict[str, float] = {"count": 0}
@@ -96,9 +90,3 @@ class FirestoreReader:
                        else "sum:" + str(item.alias).removeprefix("sum_"))
                 result[key] = item.value or 0
         return result
-
-    def _filtered(self, collection: str, where: Sequence[tuple[str, str, Any]]) -> Any:
-        q: Any = self.db.collection(collection)
-        for name, op, value in where:
-            q = q.where(filter=firestore.FieldFilter(name, op, value))
-        return q

@@ -3,10 +3,10 @@ rollup. The lifecycle's own transitions stay in ``firestore_store``.
 
 Reads are queries on indexed fields, never a scan of everything: the idle sweep reads the
 workspaces with ``state == RUNNING`` (a single-field index, automatic in Firestore), the
-rollup reads one team's audit entries since the first of the month (composite index
-``audit: team ASC, time ASC``) and, rarely, one workspace's entries before it (``audit:
-target ASC, time DESC``). Writes happen only when something changes: an expired snapshot
-(record and team counter in one transaction) and a rollup whose figures moved.
+rollup reads one team's audit entries since the first of the month and, rarely, one
+workspace's entries before it (both declared in :data:`QUERIES`: composite indexes).
+Writes happen only when something changes: an expired snapshot (record and team counter in
+one transaction) and a rollup whose figures moved.
 """
 
 from __future__ import annotations
@@ -18,9 +18,18 @@ from typing import Any
 
 from google.cloud import firestore
 
+from functions.adapters.firestore_query import declared
 from functions.adapters.firestore_store import workspace_from_doc
 from functions.domain.lifecycle import State, Workspace
-from functions.domain.retention import SnapshotRecord, SnapshotStatus
+from functions.domain.retention import SnapshotRecord, SnapshotStatus, unshared_bytes
+from functions.queries import IndexedQuery
+
+#: The queries of this store that need a composite index (``deploy/indexes.py``).
+AUDIT_SINCE = IndexedQuery("audit", equal=("team",), ranges=("time",))
+AUDIT_BEFORE = IndexedQuery("audit", equal=("target",), ranges=("time",),
+                            order=(("time", "desc"),))
+QUERIES = (AUDIT_SINCE, AUDIT_BEFORE)
+_AUDIT_FIELDS = ["target", "action", "outcome", "time", "actor"]
 
 _WORKSPACE_FIELDS = [f.name for f in dataclasses.fields(Workspace)]
 _REQUIRED_FIELDS = [f.name for f in dataclasses.fields(Workspace)
@@ -77,8 +86,10 @@ class FleetStore:
                         guard: Any = None) -> int:
         """Mark a live record expired and release its bytes from its team's usage counter,
         in ONE transaction; returns the bytes released (0: it was not live, or ``guard``
-        refused). ``guard(record, workspace) -> str | None`` is checked inside the
-        transaction, on the documents it will change."""
+        refused). Only the bytes no other live record of the workspace holds are released
+        (parts are shared); the siblings are read in the same transaction, as the
+        lifecycle reads them when it records a snapshot. ``guard(record, workspace) -> str
+        | None`` is checked inside the transaction, on the documents it will change."""
         record_ref = self.db.collection("snapshots").document(snapshot_id)
 
         @firestore.transactional
@@ -97,6 +108,10 @@ class FleetStore:
                 ws = workspace_from_doc(ws_snap.to_dict()) if ws_snap.exists else None
                 if guard(record, ws) is not None:
                     return 0
+            siblings = self.db.collection("snapshots").where(filter=firestore.FieldFilter(
+                "workspace", "==", record.workspace_id)).stream(transaction=transaction)
+            released = unshared_bytes(record, [SnapshotRecord.from_doc(d.id, d.to_dict() or {})
+                                               for d in siblings])
             transaction.update(record_ref, {
                 "status": str(SnapshotStatus.EXPIRED), "expired_at": now,
                 "expired_reason": reason, "expired_message": message})
@@ -104,29 +119,23 @@ class FleetStore:
                 usage = (team.to_dict() or {}).get("usage") or {}
                 held = int(usage.get("snapshot_bytes", 0))
                 transaction.update(team_ref, {
-                    "usage.snapshot_bytes": max(0, held - record.bytes)})
-            return record.bytes
+                    "usage.snapshot_bytes": max(0, held - released)})
+            return released
 
         result: int = run(self.db.transaction(max_attempts=8))
         return result
 
     # --- audit (cost history) -----------------------------------------------------------------
     def audit_since(self, team: str, start: datetime) -> list[dict[str, Any]]:
-        query = (self.db.collection("audit")
-                 .where(filter=firestore.FieldFilter("team", "==", team))
-                 .where(filter=firestore.FieldFilter("time", ">=", start))
-                 .select(["target", "action", "outcome", "time", "actor"]))
-        return [d.to_dict() or {} for d in query.stream()]
+        query = declared(self.db, AUDIT_SINCE, (("team", "==", team), ("time", ">=", start)))
+        return [d.to_dict() or {} for d in query.select(_AUDIT_FIELDS).stream()]
 
     def audit_before(self, workspace_id: str, before: datetime,
                      limit: int = 20) -> list[dict[str, Any]]:
         """A workspace's latest audit entries before ``before``, newest first."""
-        query = (self.db.collection("audit")
-                 .where(filter=firestore.FieldFilter("target", "==", workspace_id))
-                 .where(filter=firestore.FieldFilter("time", "<", before))
-                 .order_by("time", direction=firestore.Query.DESCENDING)
-                 .select(["target", "action", "outcome", "time", "actor"]).limit(limit))
-        return [d.to_dict() or {} for d in query.stream()]
+        query = declared(self.db, AUDIT_BEFORE,
+                         (("target", "==", workspace_id), ("time", "<", before)))
+        return [d.to_dict() or {} for d in query.select(_AUDIT_FIELDS).limit(limit).stream()]
 
     # --- cost rollups -------------------------------------------------------------------------
     def get_rollup(self, team: str) -> dict[str, Any] | None:

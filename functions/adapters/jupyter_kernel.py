@@ -7,7 +7,7 @@ JupyterLab does: one ``execute_request`` on the shell channel, then the iopub me
 whose parent is that request (stream, execute_result, display_data, error, status) and
 the ``execute_reply``. :class:`KernelExecution` hands them out one at a time with a
 timeout, so the caller can re-check its authorization between messages and interrupt the
-cell when it must stop. ``stack/notebook.py`` speaks the same protocol for the demo; the
+cell when it must stop. ``harness/notebook.py`` speaks the same protocol for the demo; the
 message helpers here (:func:`execute_request`, :func:`normalize`) are the reusable part.
 """
 

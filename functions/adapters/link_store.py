@@ -36,7 +36,8 @@ def link_to_doc(link: Link) -> dict[str, Any]:
         "creator": link.creator, "scope": str(link.scope), "created_at": link.created_at,
         "expires_at": link.expires_at, "revoked_at": link.revoked_at,
         "revoked_by": link.revoked_by, "revoke_reason": link.revoke_reason,
-        "uses": 0, "last_used_at": None, "purge_at": link.expires_at + PURGE_AFTER,
+        "incarnation": link.incarnation, "uses": 0, "last_used_at": None,
+        "purge_at": link.expires_at + PURGE_AFTER,
     }
 
 
@@ -45,7 +46,7 @@ def link_from_doc(doc: Mapping[str, Any]) -> Link:
                 creator=doc["creator"], scope=Scope(doc["scope"]),
                 created_at=_aware(doc["created_at"]), expires_at=_aware(doc["expires_at"]),
                 revoked_at=_aware(doc.get("revoked_at")), revoked_by=doc.get("revoked_by"),
-                revoke_reason=doc.get("revoke_reason"))
+                revoke_reason=doc.get("revoke_reason"), incarnation=doc.get("incarnation"))
 
 
 class FirestoreLinkStore:
@@ -165,7 +166,7 @@ class FirestoreLinkStore:
 def _target(workspace_id: str, doc: Mapping[str, Any]) -> Target:
     return Target(id=workspace_id, team=str(doc.get("team", "")),
                   owner=str(doc.get("owner", "")), state=str(doc.get("state", "")),
-                  version=int(doc.get("version") or 0))
+                  version=int(doc.get("version") or 0), incarnation=doc.get("incarnation"))
 
 
 def _aware(value: Any) -> Any:

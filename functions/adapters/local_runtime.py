@@ -4,7 +4,9 @@ Implements the Runtime port over the agent's HTTP API with ``requests``. Error s
 follow the port: the agent unreachable, timing out, busy (503) or failing (5xx) raises
 ``RuntimeUnavailable`` (temporary: the event is redelivered); a refusal (409, e.g. a GPU
 profile on a host without one) or a request the agent calls malformed (400) raises
-``RuntimeRefused`` with the agent's message (permanent: retrying cannot help).
+``RuntimeRefused`` with the agent's message (permanent: retrying cannot help). Every call
+carries the control plane's credential (``token``, STASIS_NODE_AGENT_TOKEN): the agent
+answers nobody else.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def spec_to_json(spec: WorkspaceSpec) -> dict[str, Any]:
     }
 
 
+def agent_session(token: str | None, session: requests.Session | None = None
+                  ) -> requests.Session:
+    """A session for the node agent: its credential on every request, no proxy (the agent
+    is on loopback: a proxy from the environment must not intercept it)."""
+    session = session or requests.Session()
+    session.trust_env = False
+    if token:
+        session.headers["Authorization"] = f"Bearer {token}"
+    return session
+
+
 class LocalRuntime:
     name = "local"
 
@@ -48,13 +61,12 @@ class LocalRuntime:
         timeout: tuple[float, float] = DEFAULT_TIMEOUT,
         stop_timeout: tuple[float, float] = STOP_TIMEOUT,
         session: requests.Session | None = None,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.stop_timeout = stop_timeout
-        self._session = session or requests.Session()
-        # The agent is on loopback: a proxy from the environment must not intercept it.
-        self._session.trust_env = False
+        self._session = agent_session(token, session)
 
     def capabilities(self) -> Mapping[str, Any]:
         result: Mapping[str, Any] = self._call("GET", "/capabilities")
@@ -63,19 +75,22 @@ class LocalRuntime:
     def provision(self, spec: WorkspaceSpec) -> None:
         self._call("PUT", f"/workspaces/{spec.workspace_id}", json=spec_to_json(spec))
 
-    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
-        self._call(
-            "POST",
-            f"/workspaces/{spec.workspace_id}/snapshot",
-            json={
-                "snapshot_id": snapshot_id,
-                "bucket": spec.snapshot_bucket,
-                "prefix": spec.snapshot_path(snapshot_id),
-                "requestid": spec.requestid,
-            },
-        )
+    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str, *, base: str | None = None,
+                 base_manifest_sha256: str | None = None) -> None:
+        body: dict[str, Any] = {
+            "snapshot_id": snapshot_id,
+            "bucket": spec.snapshot_bucket,
+            "prefix": spec.snapshot_path(snapshot_id),
+            "requestid": spec.requestid,
+        }
+        if base is not None:
+            body["base"] = {"snapshot_id": base, "prefix": spec.snapshot_path(base),
+                            "manifest_sha256": base_manifest_sha256}
+        self._call("POST", f"/workspaces/{spec.workspace_id}/snapshot", json=body)
 
-    def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+    def restore(self, spec: WorkspaceSpec, snapshot_id: str, *,
+                manifest_sha256: str | None = None,
+                device_arrays_to_cpu: bool = False) -> None:
         self._call(
             "POST",
             f"/workspaces/{spec.workspace_id}/restore",
@@ -83,6 +98,8 @@ class LocalRuntime:
                 "snapshot_id": snapshot_id,
                 "bucket": spec.snapshot_bucket,
                 "prefix": spec.snapshot_path(snapshot_id),
+                "manifest_sha256": manifest_sha256,
+                "device_arrays_to_cpu": device_arrays_to_cpu,
                 "spec": spec_to_json(spec),
                 "requestid": spec.requestid,
             },
@@ -106,6 +123,14 @@ class LocalRuntime:
     def list(self) -> list[RuntimeStatus]:
         data = self._call("GET", "/workspaces")
         return [_status(item) for item in data.get("workspaces", [])]
+
+    def progress(self, workspace_id: str) -> Mapping[str, Any] | None:
+        """The node agent's report on the operation in flight (``GET
+        /workspaces/<id>/progress``); None when it knows no such workspace or nothing is in
+        flight."""
+        result: Mapping[str, Any] | None = self._call(
+            "GET", f"/workspaces/{workspace_id}/progress", missing_ok=True)
+        return result if result and result.get("phase") else None
 
     def activity(self, workspace_id: str) -> Mapping[str, Any] | None:
         """Activity signals of a running workspace (not part of the port; for the idle

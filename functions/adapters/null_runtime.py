@@ -9,13 +9,19 @@ realistic catalog (lots of CPUs and memory, every GKE accelerator type it knows,
 IDEs); pass ``accelerators`` for other types.
 
 It keeps what it was asked (``calls``) and which workspaces it "runs" (``running``), so
-tests can assert on both without a fake of their own.
+tests can assert on both without a fake of their own. Given a ``state_file`` (the local
+stack passes one in its data dir), the workspaces it runs are kept there instead, in
+SQLite: the function host has more than one worker, and each must see the same node, or the
+reconciler of one would take the workspaces another started for lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from events import SnapshotFinished, WorkspaceReady, new_event
@@ -35,13 +41,31 @@ KNOWN_ACCELERATORS = (
 class NullRuntime:
     name = "null"
 
-    def __init__(self, bus: Bus, *, accelerators: Mapping[str, int] | None = None) -> None:
+    def __init__(self, bus: Bus, *, accelerators: Mapping[str, int] | None = None,
+                 state_file: Path | None = None) -> None:
         self.bus = bus
         self._accelerators = {kind: _PLENTY for kind in KNOWN_ACCELERATORS}
         self._accelerators.update(accelerators or {})
         self._lock = threading.Lock()
-        self.running: set[str] = set()
+        self._running: set[str] = set()
+        self._state_file = state_file
+        if state_file is not None:
+            with self._db() as db:
+                db.execute("CREATE TABLE IF NOT EXISTS running (workspace_id TEXT PRIMARY KEY)")
         self.calls: list[tuple[str, str]] = []  # (operation, workspace id)
+
+    @property
+    def running(self) -> set[str]:
+        """The workspaces it runs (in memory: the set itself, which a test may change;
+        with a ``state_file``: every instance's, read now)."""
+        if self._state_file is None:
+            return self._running
+        with self._db() as db:
+            return {row[0] for row in db.execute("SELECT workspace_id FROM running")}
+
+    def _ids(self) -> set[str]:
+        with self._lock:
+            return set(self.running)
 
     def capabilities(self) -> Mapping[str, Any]:
         return {
@@ -56,11 +80,14 @@ class NullRuntime:
         self._record("provision", spec.workspace_id, running=True)
         self._ready(spec)
 
-    def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+    def restore(self, spec: WorkspaceSpec, snapshot_id: str, *,
+                manifest_sha256: str | None = None,
+                device_arrays_to_cpu: bool = False) -> None:
         self._record("restore", spec.workspace_id, running=True)
         self._ready(spec, restore_ms=0)
 
-    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+    def snapshot(self, spec: WorkspaceSpec, snapshot_id: str, *, base: str | None = None,
+                 base_manifest_sha256: str | None = None) -> None:
         self._record("snapshot", spec.workspace_id)
         payload = SnapshotFinished(
             workspace_id=spec.workspace_id,
@@ -76,18 +103,20 @@ class NullRuntime:
     def release(self, workspace_id: str) -> None:
         self._record("release", workspace_id, running=False)
 
+    def progress(self, workspace_id: str) -> Mapping[str, Any] | None:
+        """Nothing is ever in flight: every operation finishes as it is asked."""
+        return None
+
     def destroy(self, workspace_id: str, *, keep_home: bool) -> None:
         self._record("destroy", workspace_id, running=False)
 
     def status(self, workspace_id: str) -> RuntimeStatus | None:
-        with self._lock:
-            if workspace_id not in self.running:
-                return None
+        if workspace_id not in self._ids():
+            return None
         return RuntimeStatus(workspace_id, running=True, url=f"null://{workspace_id}")
 
     def list(self) -> list[RuntimeStatus]:
-        with self._lock:
-            ids = sorted(self.running)
+        ids = sorted(self._ids())
         return [RuntimeStatus(ws, running=True, url=f"null://{ws}") for ws in ids]
 
     def _ready(self, spec: WorkspaceSpec, restore_ms: int | None = None) -> None:
@@ -102,7 +131,24 @@ class NullRuntime:
     def _record(self, operation: str, workspace_id: str, *, running: bool | None = None) -> None:
         with self._lock:
             self.calls.append((operation, workspace_id))
-            if running is True:
-                self.running.add(workspace_id)
-            elif running is False:
-                self.running.discard(workspace_id)
+            if self._state_file is None:
+                if running is True:
+                    self._running.add(workspace_id)
+                elif running is False:
+                    self._running.discard(workspace_id)
+                return
+        if running is None:
+            return
+        with self._db() as db:
+            if running:
+                db.execute("INSERT OR IGNORE INTO running VALUES (?)", (workspace_id,))
+            else:
+                db.execute("DELETE FROM running WHERE workspace_id = ?", (workspace_id,))
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """A connection per use (instances are threads and processes), committed and
+        closed after it. SQLite's own locking orders the writers of every instance."""
+        assert self._state_file is not None
+        with contextlib.closing(sqlite3.connect(self._state_file, timeout=30)) as db, db:
+            yield db

@@ -6,35 +6,41 @@ and never contend on the team document. A dead-lettered message keeps the origin
 attributes and adds why it failed (``stasis-dlq-reason``), which consumer gave up and after
 how many attempts: Pub/Sub's own dead-lettering does not record a reason, and the emulator
 does not dead-letter at all, so the delivery guard does it explicitly.
+
+Every event leaves with its publisher's ``origin`` (``ce-origin``): the bus's own component,
+or, for the functions' shared bus, the function being served (``functions.origin``). What
+the event said before is overwritten: a component speaks only for itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from google.cloud import pubsub_v1
 
 from events import Event, to_pubsub
-
-ORDERED_BY_TEAM = frozenset({"workspace.requested", "workspace.resume_requested"})
-DLQ_PREFIX = "stasis-dlq-"
-
-
-def dead_letter_topic(consumer: str) -> str:
-    """The dead-letter topic of one consumer's subscription."""
-    return DLQ_PREFIX + consumer.replace("_", "-")
+from functions.delivery import ORDERED_BY_TEAM, dead_letter_topic
 
 
 class PubSubBus:
-    def __init__(self, project: str, publisher: pubsub_v1.PublisherClient | None = None) -> None:
+    """``origin``: the component publishing (``functions.domain.publishers``), or a callable
+    that says which one is at work now."""
+
+    def __init__(self, project: str, *, origin: str | Callable[[], str],
+                 publisher: pubsub_v1.PublisherClient | None = None) -> None:
         self.project = project
+        self._origin = origin if callable(origin) else (lambda: origin)
         self.publisher = publisher or pubsub_v1.PublisherClient(
             publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True))
 
     def publish(self, event: Event[Any]) -> str:
-        data, attributes = to_pubsub(event)
+        origin = self._origin()
+        if not origin:
+            raise RuntimeError(f"{event.name} published by no component: no origin")
+        data, attributes = to_pubsub(dataclasses.replace(event, origin=origin))
         ordering_key = ""
         if event.name in ORDERED_BY_TEAM:
             ordering_key = str(getattr(event.payload, "team", "") or event.subject.split("--")[0])
@@ -59,7 +65,8 @@ class PubSubBus:
         event_id = uuid.uuid4().hex
         return self.publish_raw(topic, data, {
             "ce-specversion": "1.0", "ce-type": CE_TYPE_PREFIX + name, "ce-id": event_id,
-            "ce-source": "//stasis/cli", "ce-requestid": requestid or event_id})
+            "ce-source": "//stasis/cli", "ce-requestid": requestid or event_id,
+            "ce-origin": self._origin()})
 
     def publish_raw(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
         path = self.publisher.topic_path(self.project, topic)

@@ -6,7 +6,7 @@ agent unreachable, busy or failing raises ``RuntimeUnavailable`` (the event is r
 refusal (400, 404, 409) raises ``RuntimeRefused`` with the agent's message.
 
 The Kubernetes side (a Pod under gVisor, a default-deny NetworkPolicy, no service-account
-token) has its manifests in ``functions.domain.sandbox_manifests``; applying them is the
+token) has its manifests in ``functions.kubernetes.objects.sandbox``; applying them is the
 Kubernetes runtime adapter's job and is not done here.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import requests
 
 from events import SandboxFinished, new_event
-from functions.adapters.local_runtime import DEFAULT_TIMEOUT, _message
+from functions.adapters.local_runtime import DEFAULT_TIMEOUT, _message, agent_session
 from functions.domain.sandboxes import RunSpec
 from functions.ports import Bus, RuntimeRefused, RuntimeUnavailable
 
@@ -26,11 +26,10 @@ class LocalSandboxRuntime:
     name = "local"
 
     def __init__(self, base_url: str, *, timeout: tuple[float, float] = DEFAULT_TIMEOUT,
-                 session: requests.Session | None = None) -> None:
+                 session: requests.Session | None = None, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._session = session or requests.Session()
-        self._session.trust_env = False  # loopback: no proxy from the environment
+        self._session = agent_session(token, session)
 
     def start(self, spec: RunSpec) -> None:
         self._call("PUT", f"/sandboxes/{spec.sandbox_id}", json=spec.to_json())

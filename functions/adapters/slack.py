@@ -1,10 +1,15 @@
 """Slack: the ``/ws`` command's bolt app (Cloud Functions adapter) and the notifier.
 
-Configuration (environment; the local stack sets all three, see ``stack/chat.py``):
+Configuration (environment; the local stack sets all of them, see ``stack/chat.py``):
 
 - ``STASIS_SLACK_SIGNING_SECRET``: verifies every request (bolt's RequestVerification: a bad
   signature, or a timestamp more than five minutes away, is answered 401). Without it the
   chat function refuses to serve (503): it never accepts unsigned requests.
+- ``STASIS_SLACK_TEAM_ID`` (``T…``): the Slack workspace Stasis serves; a signed request
+  from any other one (another install of the app, a Slack Connect channel) is refused before
+  its user id is looked at (``signing.foreign_workspace``). Without it the chat function
+  refuses to serve (503), as without the secret. ``STASIS_SLACK_ENTERPRISE_ID`` (``E…``,
+  optional): the Enterprise Grid org, checked as well when set.
 - ``STASIS_SLACK_BOT_TOKEN``: for ``chat.postMessage``.
 - ``STASIS_SLACK_API_URL``: the Web API base URL (default ``https://slack.com/api/``; the
   local stack points it at its Slack sink). response_urls are only followed to Slack's
@@ -17,6 +22,7 @@ dependencies in the same process, and only the chat functions need Slack's SDKs.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -46,13 +52,17 @@ class SlackSettings:
     signing_secret: str | None
     bot_token: str | None
     api_url: str = DEFAULT_API_URL
+    team_id: str | None = None
+    enterprise_id: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> SlackSettings:
         api = environ.get("STASIS_SLACK_API_URL") or DEFAULT_API_URL
         return cls(environ.get("STASIS_SLACK_SIGNING_SECRET") or None,
                    environ.get("STASIS_SLACK_BOT_TOKEN") or None,
-                   api if api.endswith("/") else api + "/")
+                   api if api.endswith("/") else api + "/",
+                   (environ.get("STASIS_SLACK_TEAM_ID") or "").strip() or None,
+                   (environ.get("STASIS_SLACK_ENTERPRISE_ID") or "").strip() or None)
 
 
 class ChatFunction:
@@ -66,7 +76,10 @@ class ChatFunction:
                  answer: Callable[[SlashRequest], dict[str, Any]]) -> None:
         if not settings.signing_secret:
             raise ChatNotConfigured("chat is not configured: set STASIS_SLACK_SIGNING_SECRET")
-        from slack_bolt import App
+        if not settings.team_id:
+            raise ChatNotConfigured("chat is not configured: set STASIS_SLACK_TEAM_ID (the "
+                                    "Slack workspace it serves)")
+        from slack_bolt import App, BoltResponse
         from slack_bolt.adapter.google_cloud_functions import SlackRequestHandler
         from slack_bolt.authorization import AuthorizeResult
         from slack_sdk import WebClient
@@ -85,6 +98,21 @@ class ChatFunction:
         def on_command(ack: Any, body: dict[str, Any], request: Any) -> None:
             ack(answer(slash_request(body, request.raw_body, request.headers)))
 
+        team_id, enterprise_id = settings.team_id, settings.enterprise_id
+
+        def only_our_workspace(body: dict[str, Any], next: Callable[[], Any]) -> Any:
+            # After bolt's signature check, before any listener: every request.
+            why = signing.foreign_workspace(body, team_id=team_id,
+                                            enterprise_id=enterprise_id)
+            if why is None:
+                return next()
+            log.warning("refused a request from Slack team %s (enterprise %s): Stasis serves "
+                        "%s", body.get("team_id"), body.get("enterprise_id"), team_id)
+            # 200 with an ephemeral text: Slack shows the person why (a 4xx shows nothing).
+            return BoltResponse(status=200, body=json.dumps(
+                {"response_type": "ephemeral", "text": why}),
+                headers={"content-type": "application/json"})
+
         self.app = App(
             signing_secret=settings.signing_secret,
             authorize=authorize,
@@ -93,6 +121,7 @@ class ChatFunction:
             client=WebClient(base_url=settings.api_url, timeout=TIMEOUT_SECONDS),
             logger=log,
         )
+        self.app.use(only_our_workspace)
         self.app.command(grammar.COMMAND)(on_command)
         self.handler = SlackRequestHandler(self.app)
 

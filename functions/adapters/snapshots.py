@@ -1,7 +1,10 @@
 """Snapshot objects in Cloud Storage and their records in Firestore (the control plane's side).
 
 The node agent writes snapshots; the control plane only deletes them: the partial objects of
-a failed snapshot, an orphan, and every snapshot of a deleted workspace.
+a failed snapshot, an orphan, every snapshot of a deleted workspace, and the parts of a
+workspace's pool that no snapshot uses any more (``functions.domain.retention`` decides
+which; a part is deleted only at the generation the listing saw, so one written again
+since, by a capture that needs it, stays).
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ import contextlib
 import dataclasses
 import os
 from datetime import UTC, datetime
-from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore, storage
 
 from functions.domain.retention import (
     SNAPSHOT_ROOT,
+    SnapshotRecord,
+    StoredPart,
     StoredSnapshot,
+    held_bytes,
     parse_object_name,
+    parse_part_name,
+    stored_key,
+    workspace_root,
 )
 
 
@@ -42,16 +50,20 @@ class SnapshotStore:
         self._delete_prefix(self.prefix(workspace_id, snapshot_id))
 
     def discard_all(self, workspace_id: str) -> int:
-        released = 0
-        docs = self.db.collection("snapshots").where(
-            filter=firestore.FieldFilter("workspace", "==", workspace_id)).stream()
-        for doc in docs:
-            record: dict[str, Any] = doc.to_dict() or {}
-            if record.get("status", "ready") != "ready":
-                continue  # expired or deleted already: its bytes were released then
-            self._delete_prefix(self.prefix(workspace_id, doc.id))
+        """Delete every object of the workspace's snapshots (its part pool too) and mark
+        its live records deleted; returns the bytes released (shared parts once)."""
+        docs = list(self.db.collection("snapshots").where(
+            filter=firestore.FieldFilter("workspace", "==", workspace_id)).stream())
+        # Expired or deleted records released their bytes then.
+        live = [(doc, SnapshotRecord.from_doc(doc.id, doc.to_dict() or {})) for doc in docs]
+        live = [(doc, record) for doc, record in live if record.live]
+        released = sum(held_bytes([record for _, record in live]).values())
+        self._delete_prefix(workspace_root(workspace_id))
+        for _doc, record in live:  # a Pod Snapshot's objects are under GKE's own path
+            if record.method == "pod":
+                self._delete_prefix(record.prefix)
+        for doc, _record in live:
             doc.reference.update({"status": "deleted", "deleted_at": datetime.now(UTC)})
-            released += int(record.get("bytes", 0))
         return released
 
     def _delete_prefix(self, prefix: str) -> int:
@@ -65,25 +77,57 @@ class SnapshotStore:
 
     # --- the janitor's view -------------------------------------------------------------
     def stored(self) -> list[StoredSnapshot]:
+        """Every snapshot prefix under ``snapshots/``: ``inventory()[0]``."""
+        return self.inventory()[0]
+
+    def inventory(self) -> tuple[list[StoredSnapshot], list[StoredPart]]:
         """Every snapshot prefix under ``snapshots/`` with its object count, bytes and
-        newest write (one listing of the bucket; objects elsewhere are not ours)."""
-        found: dict[tuple[str, str, str], StoredSnapshot] = {}
-        try:
-            blobs = list(self.gcs.list_blobs(self.gcs.bucket(self.bucket),
-                                             prefix=SNAPSHOT_ROOT + "/"))
-        except gexc.NotFound:
-            return []
-        for blob in blobs:
-            key = parse_object_name(blob.name)
-            if key is None:
+        newest write, and every part of the workspaces' pools, from one listing of the
+        bucket (objects elsewhere are not ours)."""
+        return self._inventory(SNAPSHOT_ROOT + "/")
+
+    def parts(self, workspace_id: str) -> list[StoredPart]:
+        """The parts of one workspace's pool, with their generations."""
+        return self._inventory(f"{workspace_root(workspace_id)}_parts/")[1]
+
+    def delete_parts(self, parts: list[StoredPart]) -> int:
+        """Delete pool parts, each only at the generation listed (a part written again
+        since, by a capture that needs it, is kept); returns how many were deleted."""
+        bucket = self.gcs.bucket(self.bucket)
+        deleted = 0
+        for part in parts:
+            try:
+                bucket.blob(part.name).delete(if_generation_match=part.generation)
+                deleted += 1
+            except (gexc.NotFound, gexc.PreconditionFailed):
                 continue
-            seen = found.get(key) or StoredSnapshot(*key)
+        return deleted
+
+    def _inventory(self, prefix: str) -> tuple[list[StoredSnapshot], list[StoredPart]]:
+        found: dict[tuple[str, str, str], StoredSnapshot] = {}
+        parts: list[StoredPart] = []
+        try:
+            blobs = list(self.gcs.list_blobs(self.gcs.bucket(self.bucket), prefix=prefix))
+        except gexc.NotFound:
+            return [], []
+        for blob in blobs:
+            owner = parse_part_name(blob.name)
+            if owner is not None:
+                parts.append(StoredPart(*owner, name=blob.name, bytes=int(blob.size or 0),
+                                        updated=blob.updated, generation=blob.generation))
+                continue
+            parsed = stored_key(blob.name)
+            if parsed is None:
+                continue
+            team, ws_id, snapshot_id, pod = parsed
+            key = (team, ws_id, snapshot_id)
+            seen = found.get(key) or StoredSnapshot(team, ws_id, snapshot_id, object_prefix=pod)
             updated = blob.updated
             newest = max((t for t in (seen.updated, updated) if t is not None), default=None)
             found[key] = dataclasses.replace(seen, objects=seen.objects + 1,
                                              bytes=seen.bytes + int(blob.size or 0),
                                              updated=newest)
-        return sorted(found.values(), key=lambda s: s.prefix)
+        return sorted(found.values(), key=lambda s: s.prefix), parts
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under one snapshot prefix; returns how many. Refuses a

@@ -15,8 +15,9 @@ Layers, from pure to I/O (``tests/unit/test_chat_replies.py`` keeps the pure one
   within Slack's 3 seconds; the work happens in the functions that consume the event.
 - ``notify``   the ``workspace.state_changed`` consumer that tells the requester how it went:
   through the request's ``response_url`` while Slack still accepts it, else
-  ``chat.postMessage`` to the requester; and the ``sandbox.finished`` consumer that does
-  the same for ``/ws sandbox`` (how it ended, the patch to review).
+  ``chat.postMessage`` to the requester; and the ``sandbox.state_changed`` consumers that
+  do the same for ``/ws sandbox`` (how it ended, the patch to review; a suspension, how to
+  resume it).
 
 Slack itself (bolt, slack_sdk) appears only in ``functions/adapters/slack.py``.
 """

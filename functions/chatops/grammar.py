@@ -25,13 +25,12 @@ import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
+from functions.domain import frontdoor
 from functions.domain.catalog import parse_quantity
+from functions.domain.frontdoor import suggest_name as suggest_name
 from functions.domain.links import parse_ttl
 
 COMMAND = "/ws"
-NAME_PATTERN = re.compile(r"[a-z](-?[a-z0-9]){1,39}")
-NAME_MAX = 40
-_SHOWN_MAX = 40
 
 
 class Verb(StrEnum):
@@ -120,8 +119,11 @@ VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
     VerbSpec(Verb.PAUSE, "pause with the running state (kernels kept, hardware released)",
              (_NAME,), (_TEAM,), ("/ws pause mynb",)),
     VerbSpec(Verb.RESUME, "resume into the live kernels, optionally on another profile",
-             (_NAME, Positional("profile", "PROFILE", required=False)), (_PROFILE, _TEAM),
-             ("/ws resume mynb", "/ws resume mynb --profile cpu-large")),
+             (_NAME, Positional("profile", "PROFILE", required=False)),
+             (_PROFILE, Flag("device-arrays-to-cpu", "restore GPU tensors and arrays onto CPU"),
+              _TEAM),
+             ("/ws resume mynb", "/ws resume mynb --profile cpu-large",
+              "/ws resume mynb cpu-large --device-arrays-to-cpu")),
     VerbSpec(Verb.DELETE, "delete a workspace and its snapshots", (_NAME,),
              (Flag("keep-home", "keep the home directory (files, installed packages)"), _TEAM),
              ("/ws delete mynb", "/ws delete mynb --keep-home")),
@@ -195,6 +197,7 @@ class Command:
     all: bool = False
     link: str | None = None
     sandbox: SandboxArgs | None = None
+    device_arrays_to_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,8 @@ Parsed = Command | Help | ParseError
 
 # Values checked as slugs, and the Command field each flag fills.
 _FIELD_OF_FLAG = {"team": "team", "profile": "profile", "ide": "ide", "env": "environment",
-                  "keep-home": "keep_home", "all": "all"}
+                  "keep-home": "keep_home", "all": "all",
+                  "device-arrays-to-cpu": "device_arrays_to_cpu"}
 _SLUG_FIELDS = {"name": "name", "team": "team", "profile": "profile", "ide": "IDE",
                 "environment": "environment"}
 _DASHES = str.maketrans({"\u2014": "--", "\u2013": "--", "\u2015": "--", "\u2212": "-",
@@ -314,7 +318,8 @@ def _parse_verb(spec: VerbSpec, tokens: list[str]) -> Parsed:
     return Command(spec.verb, name=text("name"), team=text("team"), profile=text("profile"),
                    ide=text("ide"), environment=text("environment"),
                    keep_home=values.get("keep_home") is True, all=values.get("all") is True,
-                   link=text("link"))
+                   link=text("link"),
+                   device_arrays_to_cpu=values.get("device_arrays_to_cpu") is True)
 
 
 # --- /ws sandbox ------------------------------------------------------------------------------
@@ -502,40 +507,15 @@ def _slack_text(text: str) -> str:
 
 
 def check_name(value: str, what: str = "name") -> str | None:
-    """None if ``value`` is a valid slug, else why not and, when one exists, a fix."""
-    if NAME_PATTERN.fullmatch(value):
-        return None
-    fix = suggest_name(value)
-    hint = f" Try `{fix}`." if fix and fix != value else ""
-    shown = show(value)
-    if "--" in value:
-        why = f"{what} `{shown}` has a double dash, which separates team and name in ids."
-    elif len(value) > NAME_MAX:
-        why = f"{what} `{shown}` is longer than {NAME_MAX} characters."
-    elif value.lower() != value and NAME_PATTERN.fullmatch(value.lower()):
-        why = f"{what}s are lowercase."
-    elif len(value) < 2:
-        why = f"{what} `{shown}` is too short: at least 2 characters."
-    else:
-        why = (f"{what} `{shown}` is not valid: use a-z, 0-9 and single dashes, start with a "
-               "letter, do not end with a dash.")
-    return why + hint
-
-
-def suggest_name(value: str) -> str | None:
-    """The nearest valid slug (lowercase ASCII, single dashes), or None if there is none."""
-    ascii_ = unicodedata.normalize("NFKD", value).encode("ascii", "ignore").decode().lower()
-    slug = re.sub(r"[^a-z0-9]+", "-", ascii_)
-    slug = re.sub(r"^[^a-z]+", "", slug)[:NAME_MAX].strip("-")
-    return slug if NAME_PATTERN.fullmatch(slug) else None
+    """None if ``value`` is a valid slug, else why not and a fix: ``frontdoor.check_name``,
+    the words of every front door, with the user's text escaped for Slack."""
+    return frontdoor.check_name(value, what, shown=show)
 
 
 def show(token: str) -> str:
-    """A user's token, safe to echo inside a code span: no control characters, no backticks,
-    Slack's markup characters escaped, at most a few dozen characters."""
-    clean = "".join(c if c.isprintable() else "?" for c in token).replace("`", "'")
-    if len(clean) > _SHOWN_MAX:
-        clean = clean[:_SHOWN_MAX - 1] + "…"
+    """A user's token, safe to echo inside a code span (``frontdoor.plain``), with Slack's
+    markup characters escaped."""
+    clean = frontdoor.plain(token)
     return clean.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -1,4 +1,4 @@
-"""Tell the requester how their chat request turned out (consumer of workspace.state_changed).
+"""Tell the requester how their chat request turned out (consumer of the state changes).
 
 Which request: a state change carries the ``requestid`` of the event that caused it, and
 every event downstream of a chat request (the runtime's workspace.ready, snapshot.finished,
@@ -19,16 +19,16 @@ Failures: Slack unreachable or rate limiting raises (Pub/Sub retries); Slack ref
 message for good (an unknown user, a revoked token) is a PermanentFailure, dead-lettered
 with Slack's reason.
 
-Sandboxes (:func:`handle_sandbox`, consumer of sandbox.finished): the same two ways, once
-per sandbox (not per report: a late runtime report after the reconciler's ``runtime_lost``
-tells nobody twice). The mark is claimed before sending, since two reports may arrive at
-once, and released when the send fails; a crash between the claim and the send loses that
-one notification (``/ws sandbox list`` still shows the end). The target is the chat record
-of the request that asked for it (``sandboxes/{id}.requestid``), else the request's
-``reply_to``. What it says is the ended record when the sandbox handler got there first,
-else what the handler's own pure ``finish`` makes of this report (the two consumers run in
-any order). A suspension (sandbox.suspended, :func:`handle_sandbox_suspended`) is told the
-same way, once per suspension, with how to resume it.
+Sandboxes (:func:`handle_sandbox` and :func:`handle_sandbox_suspended`, consumers of
+sandbox.state_changed, which the sandbox handler emits once it recorded a change): the
+same two ways. The end of a sandbox that ran is told once per sandbox; a suspension once
+per suspension, with how to resume it (what it says comes from the state change: how long
+it idled, how it is held, its checkpoint). A request refused at once (no state before) was
+answered by the ack already. The mark is claimed before sending, since a change may be
+delivered twice at once, and released when the send fails; a crash between the claim and
+the send loses that one notification (``/ws sandbox list`` still shows the end). The target
+is the chat record of the request that asked for the sandbox (``sandboxes/{id}.requestid``),
+else the request's ``reply_to``.
 """
 
 from __future__ import annotations
@@ -38,12 +38,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from events import Event, SandboxFinished, SandboxSuspended, WorkspaceStateChanged
+from events import Event, SandboxStateChanged, WorkspaceStateChanged
 from functions.chatops import replies
 from functions.chatops.ports import ChatDeps, NotifyRefused
 from functions.delivery import PermanentFailure
-from functions.domain.sandboxes import DEFAULT_POLICY, Sandbox, SandboxState, TeamQueue
-from functions.domain.sandboxes import finish as finish_sandbox
 from functions.handlers.deps import Deps
 
 log = logging.getLogger(__name__)
@@ -101,30 +99,31 @@ def _send(chat: ChatDeps, target: replies.ReplyTarget, record: dict[str, Any] | 
 
 def handle_sandbox(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     """Tell the requester how their sandbox ended; returns how it went (tests/logs)."""
-    report: SandboxFinished = event.payload
+    change: SandboxStateChanged = event.payload
+    if change.to_state not in replies.SANDBOX_ENDED or change.from_state is None:
+        return None  # not an end, or a request refused at once (the ack said so)
     chat = _chat(deps)
-    doc = chat.reads.get("sandboxes", report.sandbox_id)
+    doc = chat.reads.get("sandboxes", change.sandbox_id)
     if doc is None:
-        return None  # never admitted: the sandbox handler ignores this report too
-    ended = _ended(doc, report, chat.clock())
-    if ended is None:
         return None
-    return _tell_once(chat, doc, event, f"{consumer}|{report.sandbox_id}",
-                      lambda requestid: replies.sandbox_notification(ended, requestid),
-                      str(ended.get("state")))
+    return _tell_once(chat, doc, event, f"{consumer}|{change.sandbox_id}",
+                      lambda requestid: replies.sandbox_notification(doc, requestid),
+                      change.to_state)
 
 
 def handle_sandbox_suspended(event: Event[Any], deps: Deps, consumer: str) -> str | None:
     """Tell the requester their sandbox was suspended (idle) and how to bring it back;
-    once per suspension (``sequence``)."""
-    held: SandboxSuspended = event.payload
+    once per suspension."""
+    change: SandboxStateChanged = event.payload
+    if change.to_state != "SUSPENDED":
+        return None
     chat = _chat(deps)
-    doc = chat.reads.get("sandboxes", held.sandbox_id)
+    doc = chat.reads.get("sandboxes", change.sandbox_id)
     if doc is None or doc.get("state") in replies.SANDBOX_ENDED:
         return None  # unknown, or it ended since: the end says what matters
-    return _tell_once(chat, doc, event, f"{consumer}|{held.sandbox_id}|{held.sequence}",
+    return _tell_once(chat, doc, event, f"{consumer}|{change.sandbox_id}|v{change.version}",
                       lambda requestid: replies.sandbox_suspended_notification(
-                          doc, held, requestid), "SUSPENDED")
+                          doc, change, requestid), "SUSPENDED")
 
 
 def _chat(deps: Deps) -> ChatDeps:
@@ -158,22 +157,6 @@ def _tell_once(chat: ChatDeps, doc: Mapping[str, Any], event: Event[Any], mark: 
     chat.records.mark_notified(key, {**detail, "via": via}, chat.clock())
     log.info("told %s that sandbox %s is %s via %s", target.user, sandbox_id, state, via)
     return via
-
-
-def _ended(doc: Mapping[str, Any], payload: SandboxFinished,
-           now: Any) -> Mapping[str, Any] | None:
-    """The ended record: as stored when the sandbox handler already wrote it, else as its
-    ``finish`` will write it; None for a sandbox that never ran (a stale report)."""
-    if doc.get("state") in replies.SANDBOX_ENDED:
-        return doc
-    sandbox = Sandbox.from_doc(doc)
-    if sandbox.state == SandboxState.QUEUED:
-        return None
-    decision = finish_sandbox(sandbox, payload, policy=DEFAULT_POLICY,
-                              queue=TeamQueue(running=(sandbox.id,)), load=lambda _: None,
-                              now=now)
-    subject = decision.subject
-    return subject.to_doc() if decision.accepted and subject is not None else None
 
 
 def _target(record: dict[str, Any] | None) -> replies.ReplyTarget | None:

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from events.payloads import WorkspaceStateChanged
+from events.payloads import SandboxStateChanged, WorkspaceStateChanged
+from functions.domain import frontdoor
 from functions.domain.catalog import Catalog, Team
 from functions.domain.lifecycle import Workspace
+from functions.domain.redaction import redact
 
 REPLY_SCHEME = "slack:"
 RESPONSE_URL_TTL = timedelta(minutes=30)
@@ -149,6 +151,13 @@ def notification(change: WorkspaceStateChanged, workspace: Workspace | None,
     name, to, reason = change.name, change.to_state, change.reason
     ws = workspace if workspace is not None and workspace.version >= change.version else None
     message = change.message.rstrip(". ")
+    if to == "QUEUED":
+        return Notification(_queued(name, reason, for_chat(message)), to)
+    if reason == "preemption_warning":
+        return Notification(f"Heads-up: {for_chat(message)}. Save your work, or let its "
+                            f"kernels go idle; `/ws pause {name}` pauses it now.", to)
+    if to == "PAUSED" and reason == "queue_cancelled":
+        return Notification(f"{name} stays PAUSED: its queued resume was cancelled.", to)
     if to == "RUNNING" and reason == "snapshot_failed":
         return Notification(f"pause of {name} failed: {message or 'the snapshot failed'}. "
                             f"It is still RUNNING, nothing was lost; try `/ws pause {name}` "
@@ -161,6 +170,17 @@ def notification(change: WorkspaceStateChanged, workspace: Workspace | None,
                                 to)
         took = _took(ws.first_start_ms if ws else None)
         return Notification(f"{name} is RUNNING{took}: {url}", to)
+    if to == "PAUSED" and reason == "snapshot_integrity":
+        return Notification(f"resume of {name} refused: {message}. Its snapshot does not "
+                            "match what was recorded when it was taken, so nothing of it was "
+                            f"loaded; {name} stays PAUSED with the snapshot kept for your team "
+                            "admin to inspect.", to)
+    if to == "PAUSED" and reason == "resume_interrupted":
+        return Notification(f"resume of {name} was interrupted: {for_chat(message)}. {name} "
+                            f"stays PAUSED, nothing was lost: try `/ws resume {name}` again.", to)
+    if to == "PAUSED" and reason == "restore_refused":
+        return Notification(f"resume of {name} refused: {for_chat(message)}. {name} stays "
+                            "PAUSED, nothing was lost.", to)
     if to == "PAUSED":
         return Notification(_paused(name, message, ws, snapshot), to)
     if to == "FAILED":
@@ -169,6 +189,15 @@ def notification(change: WorkspaceStateChanged, workspace: Workspace | None,
         kept = " Its home directory was kept." if ws is not None and ws.keep_home else ""
         return Notification(f"{name} deleted.{kept}", to)
     return None
+
+
+def _queued(name: str, reason: str, message: str) -> str:
+    if reason == "requeued":
+        return (f"{name} was {message or 'paused for a higher-priority request'}. Its live "
+                "state is in its snapshot; the resume starts by itself (see `/ws status "
+                f"{name}`), or `/ws pause {name}` keeps it paused.")
+    return (f"{name} is QUEUED ({message.removeprefix('queued: ')}). It starts by itself; "
+            f"`/ws status {name}` says where it stands, `/ws delete {name}` cancels it.")
 
 
 def _took(ms: int | None) -> str:
@@ -197,13 +226,16 @@ def _paused(name: str, why: str, ws: Workspace | None,
 
 def for_chat(message: str) -> str:
     """A domain message as chat says it: the CLI commands it suggests become /ws ones."""
-    return message.replace("`stasis ws ", "`/ws ")
+    return frontdoor.for_door(message, frontdoor.Door.CHAT)
 
 
 def _failed(name: str, reason: str, message: str) -> str:
     why = for_chat(message) or "no reason was given"
     if reason == "admission_refused":
         return f"{name} was not created: {why}."
+    if reason == "queue_expired":
+        return (f"{name} did not start: it {why}. Try again later, or another profile "
+                "(see `/ws catalog`).")
     if reason == "resume_failed":
         return (f"resume of {name} failed: {why} — its snapshot is kept: try "
                 f"`/ws resume {name}` again, or on another profile with "
@@ -305,8 +337,7 @@ def quota_for(team: Team, usage: Mapping[str, Any]) -> str:
 
 def who_to_ask(catalog: Catalog) -> str:
     """For a Slack user Stasis does not know: whom to ask, team by team."""
-    contacts = [f"{t.who_to_ask} (team {t.id})" for t in catalog.teams.values()]
-    return "; ".join(contacts) if contacts else "a Stasis admin"
+    return frontdoor.who_to_ask(catalog)
 
 
 # -- agent sandboxes -----------------------------------------------------------------------
@@ -317,7 +348,7 @@ _SHOWN_FILES = 10
 
 
 def _task(doc: Mapping[str, Any], width: int = 60) -> str:
-    command = " ".join(str(doc.get("command") or "").split())
+    command = " ".join(redact(doc.get("command")).split())
     command = command if len(command) <= width else command[:width - 1] + "…"
     return command.replace("`", "'")
 
@@ -335,14 +366,14 @@ def sandbox_ack(sandbox_id: str, doc: Mapping[str, Any] | None) -> str:
     head = f"Sandbox `{sandbox_id}`"
     if doc is None:
         return f"{head} requested. I'll tell you here when it ends, with its patch for review."
-    what = f"`{_task(doc)}` on {doc.get('repository')}@{doc.get('base_ref') or 'HEAD'}"
+    what = f"`{_task(doc)}` on {redact(doc.get('repository'))}@{doc.get('base_ref') or 'HEAD'}"
     state = doc.get("state")
     if state == "QUEUED":
         return (f"{head} is queued at position {doc.get('queue_position')} ({what}): "
-                f"{doc.get('message')}. It starts when a slot frees up; I'll tell you here "
-                "when it ends, with its patch for review.")
+                f"{redact(doc.get('message'))}. It starts when a slot frees up; I'll tell you "
+                "here when it ends, with its patch for review.")
     if state in SANDBOX_ENDED:
-        return f"{head} already ended {state}: {doc.get('message')}."
+        return f"{head} already ended {state}: {redact(doc.get('message'))}."
     return (f"{head} is running {what}. I'll tell you here when it ends, with its patch for "
             "review.")
 
@@ -380,8 +411,8 @@ def sandbox_status(doc: Mapping[str, Any]) -> str:
     lines = [f"`{sandbox_id}` (team {doc.get('team')}, requested by {doc.get('requester')}): "
              f"*{doc.get('state')}*"]
     if doc.get("message"):
-        lines.append(f"  {doc['message']}")
-    lines.append(f"  `{_task(doc, 200)}` on {doc.get('repository')}@"
+        lines.append(f"  {redact(doc['message'])}")
+    lines.append(f"  `{_task(doc, 200)}` on {redact(doc.get('repository'))}@"
                  f"{doc.get('base_ref') or 'HEAD'}")
     if doc.get("state") == "SUSPENDED":
         lines.append(f"  `/ws sandbox resume {sandbox_id}` brings it back (it waits for a slot "
@@ -412,7 +443,7 @@ def sandbox_notification(doc: Mapping[str, Any], requestid: str) -> dict[str, An
     sandbox_id = str(doc.get("id"))
     files = len(doc.get("files_changed") or [])
     text = (f"Sandbox `{sandbox_id}` (`{_task(doc)}`) ended *{doc.get('state')}*: "
-            f"{str(doc.get('message') or '').rstrip('. ')}.")
+            f"{redact(doc.get('message')).rstrip('. ')}.")
     if doc.get("patch_uri") and files:
         # The record's message already says how to review and apply; add where it is.
         text += (f" `/ws sandbox show {sandbox_id}` lists the files; the patch is at "
@@ -426,11 +457,11 @@ def sandbox_notification(doc: Mapping[str, Any], requestid: str) -> dict[str, An
     }
 
 
-def sandbox_suspended_notification(doc: Mapping[str, Any], held: Any,
+def sandbox_suspended_notification(doc: Mapping[str, Any], held: SandboxStateChanged,
                                    requestid: str) -> dict[str, Any]:
-    """A sandbox was suspended for being idle (``held``: the sandbox.suspended payload)."""
+    """A sandbox was suspended for being idle (``held``: its sandbox.state_changed)."""
     sandbox_id = str(doc.get("id"))
-    files = len(held.files_changed or [])
+    files = held.checkpoint_files
     memory = "" if held.method != "freeze" else " (frozen: its memory stays held)"
     text = (f"Sandbox `{sandbox_id}` (`{_task(doc)}`) is *SUSPENDED*: it made no progress for "
             f"{human_duration(held.idle_seconds * 1000)}, so its slot was freed{memory}.")

@@ -16,11 +16,13 @@ Rules:
 - Isolation: every name is resolved inside one team the user belongs to (``--team``, else
   their first); workspace ids are ``<team>--<name>``, so another team's workspace cannot
   even be named. Changing a workspace takes its owner or an admin of its team.
-- Before publishing, the lifecycle's own pure ``decide`` is asked on the document as read
-  now, so "already paused" or "no such workspace" is answered at once instead of as a
-  silent refusal later. Create and resume are also charged, on a copy of the team's usage,
-  with the lifecycle's own ``admission.charge``, so "team ml-b uses 1/1 GPUs" comes at
-  once too (the lifecycle's transaction stays the authority).
+- Before publishing, the request is previewed by ``functions.domain.frontdoor``, the checks
+  and words the CLI and the portal use too: the team, the workspace, the catalog, the
+  lifecycle's own pure ``decide`` on the document as read now, and for create and resume
+  the team's quota as the lifecycle will charge it. So "already paused", "no such
+  workspace" or "team ml-b uses 1/1 GPUs" is answered at once instead of as a silent
+  refusal later (the lifecycle's transaction stays the authority). Chat asks no runtime,
+  so whether the IDE is installed there is the handler's to say.
 - On a Slack retry (``X-Slack-Retry-Num``) the preview is skipped: the document may already
   show the first attempt's effect. The event (same ``requestid``, same event id) is
   published again, and the consumers' ledger drops it as a duplicate: one effect.
@@ -36,12 +38,11 @@ Rules:
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from events import (
     InvalidEvent,
@@ -57,9 +58,11 @@ from events.payloads import workspace_id
 from functions.chatops import grammar, replies
 from functions.chatops.grammar import Command, Help, ParseError, SandboxAction, Verb, show
 from functions.chatops.ports import ChatDeps, SlashRequest
-from functions.domain import admission
-from functions.domain.catalog import Catalog, Refusal, Resolution, Resolved, Role, Team
-from functions.domain.lifecycle import State, Workspace, decide
+from functions.domain import frontdoor
+from functions.domain.catalog import Catalog, Team
+from functions.domain.frontdoor import Door
+from functions.domain.lifecycle import Workspace
+from functions.domain.rights import change_refusal
 from functions.domain.sandboxes import Reason as SandboxReason
 from functions.domain.sandboxes import Request as SandboxRequest
 from functions.domain.sandboxes import (
@@ -70,7 +73,6 @@ from functions.domain.sandboxes import (
     resolve_policy,
 )
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/chat"
 RECORD_TTL = timedelta(days=7)
@@ -112,7 +114,7 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
         raise _Reply(f"I don't know you yet: Slack user `{show(req.user)}` is not mapped to a "
                      f"Stasis user. Ask {replies.who_to_ask(catalog)} to add "
                      f"`slack_user_id: {show(req.user)}` to your entry in the admin file.")
-    team = _team(catalog, user, cmd.team)
+    team = _team(catalog, user, cmd.team, cmd.verb)
     if cmd.verb == Verb.LIST:
         raise _Reply(replies.workspace_list(team.id, deps.reads.list_workspaces(team=team.id),
                                             include_deleted=cmd.all))
@@ -127,8 +129,7 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
         return _sandbox(req, deps, catalog, team, user, cmd)
     if cmd.verb == Verb.CREATE:
         return _create(req, deps, catalog, team, user, cmd)
-    assert cmd.name is not None  # the grammar requires NAME for the remaining verbs
-    ws = _find(deps, team, cmd.name)
+    ws = _find(deps, team, cmd)
     if cmd.verb == Verb.STATUS:
         snapshot = deps.reads.get("snapshots", ws.current_snapshot) if ws.current_snapshot \
             else None
@@ -141,10 +142,12 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
         payload = WorkspacePauseRequested(workspace_id=ws.id, actor=user)
         text = (f"Pausing {ws.name}: its kernels' state goes to a snapshot, then the hardware "
                 "is released. I'll tell you here when it is paused.")
+        if frontdoor.pauses_home_only(catalog, ws):
+            text = (f"Pausing {ws.name}: {frontdoor.PAUSE_HOME_ONLY} I'll tell you here when "
+                    "it is paused.")
     elif cmd.verb == Verb.RESUME:
-        if cmd.profile:
-            _resolved(catalog.resolve_profile(team.id, cmd.profile))
-        payload = WorkspaceResumeRequested(workspace_id=ws.id, actor=user, profile=cmd.profile)
+        payload = WorkspaceResumeRequested(workspace_id=ws.id, actor=user, profile=cmd.profile,
+                                           device_arrays_to_cpu=cmd.device_arrays_to_cpu)
         on = f" on {cmd.profile}" if cmd.profile and cmd.profile != ws.profile else ""
         text = f"Resuming {ws.name}{on} into its live kernels. I'll tell you when it is running."
     else:
@@ -152,7 +155,13 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
                                            keep_home=cmd.keep_home)
         kept = " Its home directory is kept." if cmd.keep_home else ""
         text = f"Deleting {ws.name}.{kept} I'll tell you when it is gone."
-    return _submit(req, deps, catalog, ws, payload, user, team, cmd, text)
+    if not req.retry:
+        now = deps.clock()
+        verdict = (frontdoor.preview_resume(catalog, ws, payload, _usage(deps, team), now)
+                   if cmd.verb == Verb.RESUME
+                   else frontdoor.preview_transition(catalog, ws, payload, {}, now))
+        text += _queued(_refused(verdict))
+    return _submit(req, deps, payload, user, team, cmd, text)
 
 
 def _create(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, user: str,
@@ -160,41 +169,49 @@ def _create(req: SlashRequest, deps: ChatDeps, catalog: Catalog, team: Team, use
     assert cmd.name is not None
     if not team.profiles:
         raise _Reply(f"Team {team.id} has no hardware profiles yet; ask {team.who_to_ask}.")
-    profile = _resolved(catalog.resolve_profile(team.id, cmd.profile or team.profiles[0])).value
-    env = _resolved(catalog.resolve_environment(cmd.environment or DEFAULT_ENVIRONMENT))
-    ide_id = cmd.ide or DEFAULT_IDE
-    if ide_id not in catalog.ides:
-        _resolved(catalog.resolve_ide(ide_id, set(catalog.ides)))
     now = deps.clock()
     target = replies.ReplyTarget(user=req.user, channel=req.channel, team=req.team,
                                  response_url=req.response_url, issued_at=now)
-    payload = WorkspaceRequested(team=team.id, owner=user, name=cmd.name, profile=profile.id,
-                                 ide=ide_id, environment=cmd.environment or DEFAULT_ENVIRONMENT,
+    profile = cmd.profile or team.profiles[0]
+    payload = WorkspaceRequested(team=team.id, owner=user, name=cmd.name, profile=profile,
+                                 ide=cmd.ide or DEFAULT_IDE,
+                                 environment=cmd.environment or DEFAULT_ENVIRONMENT,
                                  reply_to=target.encode())
-    notices = "".join(f"\nNote: {n.message}" for n in env.notices)
-    default = "" if cmd.profile else " (the team's default; `--profile` picks another)"
-    text = (f"Creating {cmd.name} for team {team.id}: {profile.id}{default}, {ide_id}, "
-            f"{env.value.id}. I'll tell you here when it is running.{notices}")
-    existing = deps.reads.get_workspace(payload.workspace_id)
-    return _submit(req, deps, catalog, existing, payload, user, team, cmd, text)
-
-
-def _submit(req: SlashRequest, deps: ChatDeps, catalog: Catalog, ws: Workspace | None,
-            payload: Any, user: str, team: Team, cmd: Command, text: str) -> dict[str, Any]:
-    """Preview the lifecycle decision (and, for what takes hardware, the team's quota, as
-    the lifecycle will charge it), keep the reply record, publish, ack."""
-    now = deps.clock()
+    verdict = frontdoor.Preview(environment=payload.environment)
     if not req.retry:
-        preview = decide(ws, payload, now)
-        if not preview.accepted:
-            name = cmd.name or "?"
-            raise _Reply(f"Nothing done: {name} {_why(preview.message, ws)}.")
-        if cmd.verb in (Verb.CREATE, Verb.RESUME) and preview.workspace is not None:
-            usage = dict((deps.reads.get("teams", team.id) or {}).get("usage") or {})
-            refusal = admission.charge(catalog, preview.previous_state, ws, preview.workspace,
-                                       usage)
-            if refusal:
-                raise _Reply(f"Nothing done: {replies.for_chat(refusal).rstrip('. ')}.")
+        # Chat asks no runtime (its ack must be cheap): the handler checks the IDE there.
+        verdict = _refused(frontdoor.preview_create(
+            catalog, payload, deps.reads.get_workspace(payload.workspace_id),
+            _usage(deps, team), None, now))
+    notices = "".join(f"\nNote: {n}" for n in verdict.notices)
+    default = "" if cmd.profile else " (the team's default; `--profile` picks another)"
+    text = (f"Creating {cmd.name} for team {team.id}: {profile}{default}, {payload.ide}, "
+            f"{verdict.environment}. I'll tell you here when it is running.{notices}"
+            f"{_queued(verdict)}")
+    return _submit(req, deps, payload, user, team, cmd, text)
+
+
+def _usage(deps: ChatDeps, team: Team) -> dict[str, Any]:
+    return dict((deps.reads.get("teams", team.id) or {}).get("usage") or {})
+
+
+def _refused(verdict: frontdoor.Preview) -> frontdoor.Preview:
+    if verdict.refusal:
+        raise _Reply(frontdoor.refused(verdict.refusal, Door.CHAT))
+    return verdict
+
+
+def _queued(verdict: frontdoor.Preview) -> str:
+    if not verdict.queued:
+        return ""
+    return (f"\nIt will wait in the queue: {replies.for_chat(verdict.queued).rstrip('. ')}. "
+            "I'll tell you when it starts.")
+
+
+def _submit(req: SlashRequest, deps: ChatDeps, payload: Any, user: str, team: Team,
+            cmd: Command, text: str) -> dict[str, Any]:
+    """Keep the reply record, publish, ack (the request passed its preview)."""
+    now = deps.clock()
     ws_id = payload.workspace_id
     deps.records.remember(req.requestid, {
         "requestid": req.requestid, "slack_user": req.user, "slack_team": req.team,
@@ -325,54 +342,31 @@ def _sandbox_resume(req: SlashRequest, deps: ChatDeps, catalog: Catalog, user: s
     return replies.ack(text, req.requestid)
 
 
-def _why(message: str, ws: Workspace | None) -> str:
-    message = message.rstrip(". ")
-    if ws is not None and ws.state != State.DELETED:
-        return f"is {ws.state}: {message}"
-    return f": {message}"
-
-
-def _team(catalog: Catalog, user: str, wanted: str | None) -> Team:
-    mine = catalog.teams_of(user)
-    if wanted is None:
-        if not mine:
-            raise _Reply(f"You ({user}) are not in any team yet; ask "
-                         f"{replies.who_to_ask(catalog)}.")
-        return mine[0]
-    team = catalog.teams.get(wanted)
-    if team is None:
-        close = difflib.get_close_matches(wanted, [t.id for t in mine], n=2, cutoff=0.6)
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        raise _Reply(f"There is no team {wanted}.{hint} Your teams: "
-                     f"{', '.join(t.id for t in mine) or 'none'}.")
-    if team.member(user) is None:
-        raise _Reply(f"You are not a member of team {team.id}, so you cannot see or change "
-                     f"its workspaces; ask {team.who_to_ask} to add you. Your teams: "
-                     f"{', '.join(t.id for t in mine) or 'none'}.")
+def _team(catalog: Catalog, user: str, wanted: str | None, verb: Verb) -> Team:
+    team = frontdoor.choose_team(catalog, user, wanted)
+    if isinstance(team, str):
+        raise _Reply(_said(team, verb))
     return team
 
 
-def _find(deps: ChatDeps, team: Team, name: str) -> Workspace:
-    ws: Workspace | None = deps.reads.get_workspace(workspace_id(team.id, name))
-    if ws is not None and ws.state != State.DELETED:
-        return ws
-    names = [w.name for w in deps.reads.list_workspaces(team=team.id)
-             if w.state != State.DELETED]
-    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    raise _Reply(f"There is no workspace {name} in team {team.id}.{hint} See `/ws list`.")
+def _find(deps: ChatDeps, team: Team, cmd: Command) -> Workspace:
+    assert cmd.name is not None  # the grammar requires NAME for the verbs that find one
+    ws = frontdoor.find_workspace(
+        team, cmd.name, deps.reads.get_workspace(workspace_id(team.id, cmd.name)),
+        lambda: deps.reads.list_workspaces(team=team.id))
+    if isinstance(ws, str):
+        raise _Reply(_said(ws, cmd.verb))
+    return ws
+
+
+def _said(text: str, verb: Verb) -> str:
+    """A front door's refusal as chat says it: "Nothing done" where a change was asked."""
+    if verb in grammar.ACTIONS:
+        return frontdoor.refused(text, Door.CHAT)
+    return frontdoor.for_door(text, Door.CHAT)
 
 
 def _may_change(team: Team, user: str, ws: Workspace, verb: Verb) -> None:
-    member = team.member(user)
-    if ws.owner == user or (member is not None and member.role == Role.ADMIN):
-        return
-    admins = ", ".join(team.admins) or "none"
-    raise _Reply(f"{ws.name} belongs to {ws.owner}; only they or an admin of team {team.id} "
-                 f"({admins}) can {verb} it.")
-
-
-def _resolved(result: Resolution[T]) -> Resolved[T]:
-    if isinstance(result, Refusal):
-        raise _Reply(result.message[:1].upper() + result.message[1:])
-    return result
+    refusal = change_refusal(team, user, owner=ws.owner, name=ws.name, verb=str(verb))
+    if refusal:
+        raise _Reply(frontdoor.refused(refusal, Door.CHAT))

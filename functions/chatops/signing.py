@@ -6,6 +6,13 @@ five minutes from their clock (replays). In the chat function bolt's ``RequestVe
 checks it; this module is what signs (``stasis chat``, the benchmark, tests) and a second,
 independent verifier for the tests to hold bolt to the same rule.
 
+A valid signature says Slack sent the request, not from which Slack workspace: an app
+installed in several workspaces, an Enterprise Grid org, or a Slack Connect channel shared
+with another company all reach the same function with the same secret, and Slack user ids
+are only unique within their workspace. :func:`foreign_workspace` is the check on every
+request that it comes from the configured Slack team (and enterprise), before any user id
+is mapped to a Stasis user.
+
 A slash command's request id is derived from Slack's ``trigger_id`` (unique per
 invocation, identical on a retry of the same invocation), so a retried request carries the
 same ``requestid`` and the consumers' ledger gives it one effect.
@@ -64,3 +71,24 @@ def request_id(trigger_id: str | None, body: str | bytes) -> str:
     seed = trigger_id.encode() if trigger_id else (body.encode() if isinstance(body, str)
                                                     else body)
     return "slack-" + hashlib.sha256(seed).hexdigest()[:24]
+
+
+def foreign_workspace(body: Mapping[str, object], *, team_id: str,
+                      enterprise_id: str | None = None) -> str | None:
+    """None if the request ``body`` (the form Slack posted) comes from the Slack team
+    ``team_id`` (and, when configured, the Enterprise Grid org ``enterprise_id``); else why
+    it is refused, in words for the person who typed it.
+
+    A missing ``team_id`` is refused too: the user id means nothing without it.
+    """
+    team = str(body.get("team_id") or "")
+    if team != team_id:
+        shown = team or "no Slack team"
+        return (f"Stasis is installed for another Slack workspace: this request came from "
+                f"{shown}, and Stasis serves only {team_id}. Ask an admin of Stasis.")
+    if enterprise_id is not None and str(body.get("enterprise_id") or "") != enterprise_id:
+        shown = str(body.get("enterprise_id") or "") or "no Enterprise Grid org"
+        return (f"Stasis is installed for another Slack organisation: this request came "
+                f"from {shown}, and Stasis serves only {enterprise_id}. Ask an admin of "
+                f"Stasis.")
+    return None

@@ -16,10 +16,15 @@ it without a restart), failing closed:
 - otherwise: every request is refused with a message naming the variable to set.
 
 The admin rule: a user is an admin if they are in ``STASIS_PLATFORM_ADMINS`` (a comma
-separated list of users or e-mail addresses) or have the role ``admin`` in a team of the
-applied catalog. An IAP e-mail maps to a Stasis user by itself (members may be listed by
-e-mail) or, with ``STASIS_DASHBOARD_EMAIL_DOMAIN=example.com``, ``alice@example.com`` to
-``alice``; a look-alike address in another domain never maps to a short user name.
+separated list of users or e-mail addresses; Terraform sets it from ``platform_admins``) or
+have the role ``admin`` in a team of the applied catalog. A platform admin sees every team;
+a team admin sees only the teams they are an admin of (:attr:`Verdict.teams`), on every
+page: another team's fleet, snapshots, costs, links, sandboxes and audit entries are not
+read at all, and asking for one by name is refused (403).
+
+An IAP e-mail maps to a Stasis user by itself (members may be listed by e-mail) or, with
+``STASIS_DASHBOARD_EMAIL_DOMAIN=example.com``, ``alice@example.com`` to ``alice``; a
+look-alike address in another domain never maps to a short user name.
 """
 
 from __future__ import annotations
@@ -88,34 +93,41 @@ class Verdict:
     allowed: bool
     user: str | None
     why: str
+    #: The teams the user may see: None for every team (a platform admin).
+    teams: frozenset[str] | None = frozenset()
 
 
 def decide(user: str | None, *, email: str | None, config: AccessConfig,
-           team_members: Iterable[Mapping[str, object]]) -> Verdict:
-    """Whether ``user`` (None: no identity) may read the dashboard.
+           catalog: Mapping[str, object] | None) -> Verdict:
+    """Whether ``user`` (None: no identity) may read the dashboard, and which teams.
 
-    ``team_members`` is every team's ``members`` entries (``{"user", "role"}``) from the
-    applied catalog.
+    ``catalog`` is the applied catalog document (its ``teams``, each with ``members``
+    entries ``{"user", "role"}``).
     """
     if user is None:
         return Verdict(False, None, "no identity")
     names = {user} | ({email.strip().lower()} if email else set())
     if names & config.platform_admins:
-        return Verdict(True, user, "platform admin (STASIS_PLATFORM_ADMINS)")
-    for member in team_members:
-        if member.get("user") in names and member.get("role") == "admin":
-            return Verdict(True, user, "team admin in the catalog")
+        return Verdict(True, user, "platform admin (STASIS_PLATFORM_ADMINS): every team",
+                       None)
+    admin_of = frozenset(team_id for team_id, members in _teams(catalog)
+                         if any(m.get("user") in names and m.get("role") == "admin"
+                                for m in members))
+    if admin_of:
+        return Verdict(True, user, "team admin in the catalog of "
+                       + ", ".join(sorted(admin_of)), admin_of)
     return Verdict(False, user, f"{user} is not an admin: the dashboard is for team admins "
                                 "(role admin in the catalog) and platform admins "
                                 "(STASIS_PLATFORM_ADMINS)")
 
 
-def members_of(catalog: Mapping[str, object] | None) -> list[Mapping[str, object]]:
-    """Every member entry of every team of an applied catalog document."""
+def _teams(catalog: Mapping[str, object] | None
+           ) -> Iterable[tuple[str, list[Mapping[str, object]]]]:
+    """(team id, member entries) of every team of an applied catalog document."""
     teams = (catalog or {}).get("teams")
-    found: list[Mapping[str, object]] = []
     for team in teams if isinstance(teams, list) else []:
-        members = team.get("members") if isinstance(team, Mapping) else None
-        found.extend(m for m in (members if isinstance(members, list) else [])
-                     if isinstance(m, Mapping))
-    return found
+        if not isinstance(team, Mapping) or "id" not in team:
+            continue
+        members = team.get("members")
+        yield str(team["id"]), [m for m in (members if isinstance(members, list) else [])
+                                if isinstance(m, Mapping)]

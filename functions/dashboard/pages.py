@@ -31,9 +31,11 @@ from urllib.parse import urlencode
 
 from events import CATALOG as EVENT_CATALOG
 from functions.dashboard import charts, stats
-from functions.dashboard.reads import Aggregation, Direction, Op, Page, PageQuery, Reader
+from functions.dashboard.reads import Aggregation, Page, PageQuery, Reader, Where
 from functions.domain.catalog import parse_quantity
 from functions.domain.lifecycle import Reason, State
+from functions.domain.redaction import redact
+from functions.queries import IndexedQuery
 
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
@@ -50,11 +52,49 @@ ORPHAN_REASON = "objects_missing"
 NOTEWORTHY = frozenset({Reason.SNAPSHOT_FAILED, Reason.PROVISION_FAILED, Reason.RESUME_FAILED,
                         Reason.STUCK, Reason.ADMISSION_REFUSED, Reason.DELETE_RETRIED})
 _CURSOR = re.compile(r"[A-Za-z0-9._~:@+=-]{1,256}")
-Where = tuple[tuple[str, Op, Any], ...]
+FLEET_FILTERS = ("team", "profile", "state", "owner")
+LINK_FILTERS = ("team", "workspace", "creator")
+AUDIT_FILTERS = (("actor", "actor"), ("workspace", "target"), ("action", "action"),
+                 ("team", "team"))
+
+# The pages' queries that need a composite index; ``deploy/indexes.py`` derives Terraform's
+# indexes from them, and the query port refuses any other such query (functions/queries.py).
+FLEET_PAGE = IndexedQuery("workspaces", optional=FLEET_FILTERS, order=(("created_at", "desc"),))
+LATENCY_SAMPLES = IndexedQuery("workspaces", equal=("profile",), optional=("team",),
+                               order=(("updated_at", "desc"),))
+SNAPSHOTS_EXPIRING_COUNT = IndexedQuery("snapshots", equal=("team", "status"),
+                                        ranges=("expires_at",))
+SNAPSHOTS_OLDEST = IndexedQuery("snapshots", equal=("team", "status"),
+                                order=(("created_at", "asc"),))
+SNAPSHOTS_EXPIRING = IndexedQuery("snapshots", equal=("status",), optional=("team",),
+                                  ranges=("expires_at",), order=(("expires_at", "asc"),))
+SNAPSHOTS_ORPHANS = IndexedQuery("snapshots", equal=("expired_reason",), optional=("team",),
+                                 order=(("expired_at", "desc"),))
+LINKS_UNREVOKED_COUNT = IndexedQuery("links", equal=("team", "revoked_at"),
+                                     ranges=("expires_at",))
+LINKS_REVOKED_COUNT = IndexedQuery("links", equal=("team",), ranges=("revoked_at",))
+LINKS_ACTIVE = IndexedQuery("links", equal=("revoked_at",), optional=LINK_FILTERS,
+                            ranges=("expires_at",), order=(("expires_at", "asc"),))
+LINKS_EXPIRED = IndexedQuery("links", equal=("revoked_at",), optional=LINK_FILTERS,
+                             ranges=("expires_at",), order=(("expires_at", "desc"),))
+LINKS_REVOKED = IndexedQuery("links", optional=LINK_FILTERS, ranges=("revoked_at",),
+                             order=(("revoked_at", "desc"),))
+LINKS_PAGE = IndexedQuery("links", optional=LINK_FILTERS, order=(("created_at", "desc"),))
+SANDBOXES_PAGE = IndexedQuery("sandboxes", optional=("team", "state"),
+                              order=(("requested_at", "desc"),))
+AUDIT_PAGE = IndexedQuery("audit", optional=tuple(f for _, f in AUDIT_FILTERS),
+                          order=(("time", "desc"),))
+QUERIES = (FLEET_PAGE, LATENCY_SAMPLES, SNAPSHOTS_EXPIRING_COUNT, SNAPSHOTS_OLDEST,
+           SNAPSHOTS_EXPIRING, SNAPSHOTS_ORPHANS, LINKS_UNREVOKED_COUNT, LINKS_REVOKED_COUNT,
+           LINKS_ACTIVE, LINKS_EXPIRED, LINKS_REVOKED, LINKS_PAGE, SANDBOXES_PAGE, AUDIT_PAGE)
 
 
 class BadRequest(ValueError):
     """A query parameter the page cannot use; the message says which and why."""
+
+
+class NotYours(BadRequest):
+    """A team the viewer is not an admin of (403)."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +104,14 @@ class Context:
     now: datetime
     #: Builds a URL of this dashboard: ``url("fleet", team="ml-a")``.
     url: Callable[..., str]
+    #: The teams the viewer may see (``access.Verdict.teams``): None for every team.
+    visible: frozenset[str] | None = frozenset()
 
     @property
     def teams(self) -> list[Mapping[str, Any]]:
-        return [t for t in self.catalog.get("teams") or [] if isinstance(t, Mapping)]
+        """The catalog's teams the viewer may see."""
+        return [t for t in self.catalog.get("teams") or [] if isinstance(t, Mapping)
+                and (self.visible is None or t.get("id") in self.visible)]
 
     @property
     def team_ids(self) -> list[str]:
@@ -132,6 +176,25 @@ def _pager(ctx: Context, page_name: str, params: Mapping[str, str], page: Page,
     }
 
 
+#: Firestore's limit on the values of one ``in`` filter.
+MAX_IN = 30
+
+
+def _team_scope(ctx: Context, team: str | None) -> Where:
+    """The team filter every read of a page carries: the chosen team, which must be one the
+    viewer may see, else all the viewer may see (no filter for a platform admin)."""
+    if team is not None:
+        if ctx.visible is not None and team not in ctx.visible:
+            raise NotYours(f"team {team} is not one of yours: you are an admin of "
+                           f"{', '.join(sorted(ctx.visible))}")
+        return (("team", "==", team),)
+    if ctx.visible is None:
+        return ()
+    if len(ctx.visible) > MAX_IN:
+        raise BadRequest(f"you are an admin of {len(ctx.visible)} teams: choose one (team=)")
+    return (("team", "in", sorted(ctx.visible)),)
+
+
 def _count(result: Mapping[str, float]) -> int:
     return int(result.get("count", 0))
 
@@ -139,8 +202,6 @@ def _count(result: Mapping[str, float]) -> int:
 # --------------------------------------------------------------------------------------------
 # Fleet
 # --------------------------------------------------------------------------------------------
-
-FLEET_FILTERS = ("team", "profile", "state", "owner")
 
 
 def fleet(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
@@ -150,7 +211,8 @@ def fleet(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     chosen = {"team": _text(params, "team"), "profile": _text(params, "profile"),
               "state": _choice(params, "state", states), "owner": _text(params, "owner")}
     size, cursor = _size(params), _cursor(params)
-    where: Where = tuple((k, "==", v) for k, v in chosen.items() if v)
+    where: Where = (*_team_scope(ctx, chosen["team"]),
+                    *((k, "==", v) for k, v in chosen.items() if v and k != "team"))
 
     def without(dimension: str) -> Where:
         return tuple(w for w in where if w[0] != dimension)
@@ -171,8 +233,7 @@ def fleet(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
                        for v in values]
         facets[dim].insert(0, {"value": "all", "count": None, "selected": not chosen[dim],
                                "url": ctx.url("fleet", **others)})
-    page = ctx.reader.page(PageQuery("workspaces", where, (("created_at", "desc"),), size,
-                                     cursor))
+    page = ctx.reader.page(PageQuery.of(FLEET_PAGE, where, size, cursor))
     rows = [_workspace_row(doc, ctx.now) for doc in page.docs]
     team_docs = ctx.reader.documents("teams", ctx.team_ids)
     team_usage = [_team_usage(ctx, team, team_docs.get(str(team["id"])) or {})
@@ -241,7 +302,7 @@ def snapshots(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     for t in teams:
         live: Where = (("team", "==", t), ("status", "==", SNAPSHOT_READY))
         aggs += [Aggregation("snapshots", live, sums=("bytes",)),
-                 Aggregation("snapshots", (*live, ("expires_at", "<=", horizon))),
+                 Aggregation.of(SNAPSHOTS_EXPIRING_COUNT, (*live, ("expires_at", "<=", horizon))),
                  Aggregation("snapshots", (("team", "==", t), ("expired_reason", "==",
                                                                ORPHAN_REASON)))]
     results = ctx.reader.aggregate(aggs)
@@ -249,9 +310,8 @@ def snapshots(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     per_team: list[dict[str, Any]] = []
     for i, t in enumerate(teams):
         live_r, expiring_r, orphan_r = results[3 * i: 3 * i + 3]
-        oldest = ctx.reader.page(PageQuery(
-            "snapshots", (("team", "==", t), ("status", "==", SNAPSHOT_READY)),
-            (("created_at", "asc"),), 1)).docs
+        oldest = ctx.reader.page(PageQuery.of(
+            SNAPSHOTS_OLDEST, (("team", "==", t), ("status", "==", SNAPSHOT_READY)), 1)).docs
         total_bytes = int(live_r.get("sum:bytes", 0))
         per_team.append({
             "team": t, "count": _count(live_r), "bytes": total_bytes,
@@ -263,13 +323,12 @@ def snapshots(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
             "expiring": _count(expiring_r), "orphans": _count(orphan_r),
             "url": ctx.url("snapshots", team=t, days=str(days)),
         })
-    scope: Where = (("team", "==", team),) if team else ()
-    expiring = ctx.reader.page(PageQuery(
-        "snapshots", (*scope, ("status", "==", SNAPSHOT_READY), ("expires_at", "<=", horizon)),
-        (("expires_at", "asc"),), size, cursor))
-    orphans = ctx.reader.page(PageQuery(
-        "snapshots", (*scope, ("expired_reason", "==", ORPHAN_REASON)),
-        (("expired_at", "desc"),), 25))
+    scope = _team_scope(ctx, team)
+    expiring = ctx.reader.page(PageQuery.of(
+        SNAPSHOTS_EXPIRING,
+        (*scope, ("status", "==", SNAPSHOT_READY), ("expires_at", "<=", horizon)), size, cursor))
+    orphans = ctx.reader.page(PageQuery.of(
+        SNAPSHOTS_ORPHANS, (*scope, ("expired_reason", "==", ORPHAN_REASON)), 25))
     chart = charts.bars("Live snapshot storage per team (GiB)",
                         [charts.Bar(r["team"], r["bytes"] / 2**30, r["size"]) for r in per_team],
                         fmt=lambda v: f"{v:g}")
@@ -353,7 +412,8 @@ def cost(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
                      "gpu_hours_text": stats.number(w.get("gpu_hours")),
                      "hours_text": stats.number(w.get("compute_hours")),
                      "saved_text": stats.number(w.get("hours_saved"))} for w in top[:15]],
-            "totals": {"forecast": stats.usd(sum(r["forecast_value"] for r in rows))}}
+            "totals": {"forecast": stats.usd(sum(r["forecast_value"] for r in rows))},
+            "every_team": ctx.visible is None}
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,14 +425,13 @@ def latency(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     """p50 and p95 of first start, pause and resume per profile, from the timing fields of
     the latest :data:`LATENCY_SAMPLE` workspaces (by ``updated_at``) of each profile."""
     team = _text(params, "team")
-    scope: Where = (("team", "==", team),) if team else ()
+    scope = _team_scope(ctx, team)
     fields = tuple(f for f, _ in TIMINGS)
     samples: dict[str, dict[str, list[float]]] = {}
     truncated = []
     for p in ctx.profile_ids:
-        page = ctx.reader.page(PageQuery("workspaces", (*scope, ("profile", "==", p)),
-                                         (("updated_at", "desc"),), LATENCY_SAMPLE,
-                                         fields=fields))
+        page = ctx.reader.page(PageQuery.of(LATENCY_SAMPLES, (*scope, ("profile", "==", p)),
+                                            LATENCY_SAMPLE, fields=fields))
         if page.cursor is not None:
             truncated.append(p)
         samples[p] = {f: [float(d[f]) for d in page.docs
@@ -412,11 +471,11 @@ def links(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     now = ctx.now
     aggs = []
     for t in ctx.team_ids:
-        aggs += [Aggregation("links", (("team", "==", t), ("revoked_at", "==", None),
-                                       ("expires_at", ">", now))),
-                 Aggregation("links", (("team", "==", t), ("revoked_at", "==", None),
-                                       ("expires_at", "<=", now))),
-                 Aggregation("links", (("team", "==", t), ("revoked_at", "!=", None))),
+        unrevoked: Where = (("team", "==", t), ("revoked_at", "==", None))
+        aggs += [Aggregation.of(LINKS_UNREVOKED_COUNT, (*unrevoked, ("expires_at", ">", now))),
+                 Aggregation.of(LINKS_UNREVOKED_COUNT, (*unrevoked, ("expires_at", "<=", now))),
+                 Aggregation.of(LINKS_REVOKED_COUNT, (("team", "==", t),
+                                                      ("revoked_at", "!=", None))),
                  Aggregation("links", (("team", "==", t),), sums=("uses",))]
     results = ctx.reader.aggregate(aggs)
     per_team = []
@@ -425,20 +484,19 @@ def links(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
         per_team.append({"team": t, "active": _count(active), "expired": _count(expired),
                          "revoked": _count(revoked), "total": _count(every),
                          "uses": int(every.get("sum:uses", 0))})
-    where: Where = tuple((k, "==", v) for k, v in
-                         (("team", team), ("workspace", workspace), ("creator", creator)) if v)
-    order: tuple[tuple[str, Direction], ...]
+    where: Where = (*_team_scope(ctx, team),
+                    *((k, "==", v) for k, v in (("workspace", workspace), ("creator", creator))
+                      if v))
+    declared = LINKS_PAGE
     if status == "active":
-        where, order = (*where, ("revoked_at", "==", None), ("expires_at", ">", now)), \
-            (("expires_at", "asc"),)
+        where, declared = (*where, ("revoked_at", "==", None), ("expires_at", ">", now)), \
+            LINKS_ACTIVE
     elif status == "expired":
-        where, order = (*where, ("revoked_at", "==", None), ("expires_at", "<=", now)), \
-            (("expires_at", "desc"),)
+        where, declared = (*where, ("revoked_at", "==", None), ("expires_at", "<=", now)), \
+            LINKS_EXPIRED
     elif status == "revoked":
-        where, order = (*where, ("revoked_at", "!=", None)), (("revoked_at", "desc"),)
-    else:
-        order = (("created_at", "desc"),)
-    page = ctx.reader.page(PageQuery("links", where, order, size, cursor))
+        where, declared = (*where, ("revoked_at", "!=", None)), LINKS_REVOKED
+    page = ctx.reader.page(PageQuery.of(declared, where, size, cursor))
     rows = [_link_row(d, now) for d in page.docs]
     return {"title": "Links", "per_team": per_team, "rows": rows, "status": status,
             "filters": {"team": team, "workspace": workspace, "creator": creator},
@@ -480,23 +538,22 @@ def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     team = _text(params, "team")
     state = _choice(params, "state", SANDBOX_STATES)
     size, cursor = _size(params), _cursor(params)
-    scope: Where = (("team", "==", team),) if team else ()
+    scope = _team_scope(ctx, team)
     results = ctx.reader.aggregate([Aggregation("sandboxes", (*scope, ("state", "==", s)))
                                     for s in SANDBOX_STATES])
     counts: list[dict[str, Any]] = [{"state": s, "count": _count(r), "selected": state == s,
                "url": ctx.url("sandboxes", team=team, state=s)}
               for s, r in zip(SANDBOX_STATES, results, strict=True)]
     where: Where = (*scope, ("state", "==", state)) if state else scope
-    page = ctx.reader.page(PageQuery("sandboxes", where, (("requested_at", "desc"),), size,
-                                     cursor))
+    page = ctx.reader.page(PageQuery.of(SANDBOXES_PAGE, where, size, cursor))
     rows = []
     for d in page.docs:
         limits = d.get("limits") or {}
         rows.append({
             "id": d.get("id"), "team": d.get("team"), "requester": d.get("requester") or "",
             "state": d.get("state") or "", "reason": d.get("termination") or "",
-            "position": d.get("queue_position"), "command": d.get("command") or "",
-            "repository": d.get("repository") or "", "base_ref": d.get("base_ref") or "",
+            "position": d.get("queue_position"), "command": redact(d.get("command")),
+            "repository": redact(d.get("repository")), "base_ref": d.get("base_ref") or "",
             "requested": stats.ago(d.get("requested_at"), ctx.now),
             "duration": stats.seconds_ms(d.get("duration_ms")) if d.get("duration_ms") else "",
             "exit_status": "" if d.get("exit_status") is None else d.get("exit_status"),
@@ -506,7 +563,7 @@ def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
             "limits": (f"{limits.get('cpu_seconds', '?')} CPU s, "
                        f"{stats.size(limits.get('memory_bytes'))}, "
                        f"{limits.get('wall_clock_seconds', '?')} s" if limits else ""),
-            "message": d.get("message") or d.get("error") or "",
+            "message": redact(d.get("message") or d.get("error")),
             "suspended": (stats.ago(d.get("suspended_at"), ctx.now)
                           if d.get("state") == "SUSPENDED" else "")})
     return {"title": "Sandboxes", "team": team, "state": state, "team_ids": ctx.team_ids,
@@ -519,22 +576,19 @@ def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
 # Audit
 # --------------------------------------------------------------------------------------------
 
-AUDIT_FILTERS = (("actor", "actor"), ("workspace", "target"), ("action", "action"),
-                 ("team", "team"))
-
-
 def audit(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     """The audit log, newest first, filtered by actor, workspace (the entry's target),
     action and team (exact matches: Firestore has no substring search)."""
     chosen = {name: _text(params, name) for name, _ in AUDIT_FILTERS}
     size, cursor = _size(params), _cursor(params)
-    where: Where = tuple((field, "==", chosen[name]) for name, field in AUDIT_FILTERS
-                         if chosen[name])
-    page = ctx.reader.page(PageQuery("audit", where, (("time", "desc"),), size, cursor))
+    where: Where = (*_team_scope(ctx, chosen["team"]),
+                    *((field, "==", chosen[name]) for name, field in AUDIT_FILTERS
+                      if chosen[name] and name != "team"))
+    page = ctx.reader.page(PageQuery.of(AUDIT_PAGE, where, size, cursor))
     rows = [{"time": stats.when(d.get("time")), "ago": stats.ago(d.get("time"), ctx.now),
              "actor": d.get("actor") or "", "action": d.get("action") or "",
              "target": d.get("target") or "", "team": d.get("team") or "",
-             "outcome": d.get("outcome") or "", "message": d.get("message") or "",
+             "outcome": d.get("outcome") or "", "message": redact(d.get("message")),
              "event_id": d.get("event_id") or "", "requestid": d.get("requestid") or "",
              "actor_url": ctx.url("audit", actor=str(d.get("actor") or "")),
              "target_url": ctx.url("audit", workspace=str(d.get("target") or ""))}

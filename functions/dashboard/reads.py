@@ -3,7 +3,9 @@
 Pages describe what they want to read (:class:`PageQuery`, :class:`Aggregation`) and an
 adapter runs it (``functions/adapters/dashboard_reader.py`` on Firestore; a fake in the
 unit tests). The port itself enforces the dashboard's promise: no query without a limit,
-no limit above :data:`MAX_PAGE`, counts and sums only as aggregations.
+no limit above :data:`MAX_PAGE`, counts and sums only as aggregations, and no query that
+needs a composite index unless it is one of the declared ones (``functions/queries.py``:
+made with :meth:`PageQuery.of` / :meth:`Aggregation.of`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from functions.queries import Direction, IndexedQuery, needs_index
+
 #: The most documents one query may return.
 MAX_PAGE = 500
 
 Op = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not-in", "array-contains"]
-Direction = Literal["asc", "desc"]
+Where = tuple[tuple[str, Op, Any], ...]
+
+
+def _check_index(collection: str, where: Where, order: tuple[tuple[str, Direction], ...],
+                 index: IndexedQuery | None) -> None:
+    filters = [(name, op) for name, op, _ in where]
+    if index is not None:
+        why = index.problem(collection, filters, order)
+        if why:
+            raise ValueError(f"not the declared query {index}: {why}")
+    elif needs_index(filters, order):
+        raise ValueError(f"a {collection} query filtered on {filters} and ordered by {order} "
+                         "needs a composite index: declare it (functions/queries.py)")
 
 
 @dataclass(frozen=True)
@@ -25,15 +41,16 @@ class PageQuery:
 
     ``after`` is the id of the last document of the previous page (the adapter starts after
     that document, which also breaks ties in the order). ``fields`` projects the documents
-    to those fields (empty: whole documents).
+    to those fields (empty: whole documents). ``index``: the declared query this is.
     """
 
     collection: str
-    where: tuple[tuple[str, Op, Any], ...] = ()
+    where: Where = ()
     order_by: tuple[tuple[str, Direction], ...] = ()
     limit: int = 50
     after: str | None = None
     fields: tuple[str, ...] = ()
+    index: IndexedQuery | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_PAGE:
@@ -41,6 +58,13 @@ class PageQuery:
                              f"not {self.limit}")
         if self.after is not None and not self.order_by:
             raise ValueError("a cursor needs an order")
+        _check_index(self.collection, self.where, self.order_by, self.index)
+
+    @classmethod
+    def of(cls, index: IndexedQuery, where: Where, limit: int = 50, after: str | None = None,
+           fields: tuple[str, ...] = ()) -> PageQuery:
+        """A page of the declared query ``index`` (its collection and order)."""
+        return cls(index.collection, where, index.order, limit, after, fields, index)
 
 
 class CursorGone(LookupError):
@@ -63,8 +87,17 @@ class Aggregation:
     """
 
     collection: str
-    where: tuple[tuple[str, Op, Any], ...] = ()
+    where: Where = ()
     sums: tuple[str, ...] = ()
+    index: IndexedQuery | None = None
+
+    def __post_init__(self) -> None:
+        _check_index(self.collection, self.where, (), self.index)
+
+    @classmethod
+    def of(cls, index: IndexedQuery, where: Where, sums: tuple[str, ...] = ()) -> Aggregation:
+        """An aggregation over the declared query ``index`` (which has no order)."""
+        return cls(index.collection, where, sums, index)
 
 
 @dataclass

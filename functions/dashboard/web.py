@@ -88,8 +88,7 @@ def handle(request: Any, deps: WebDeps) -> tuple[str, int, dict[str, str]]:
         user = config.dev_user
     reader = deps.reader()
     catalog = reader.document("catalog", "current") or {}
-    verdict = access.decide(user, email=email, config=config,
-                            team_members=access.members_of(catalog))
+    verdict = access.decide(user, email=email, config=config, catalog=catalog)
     identity = {"user": user, "mode": str(config.mode), "why": verdict.why}
     if not verdict.allowed:
         return _error(url, 403, "Admins only", verdict.why, identity)
@@ -98,9 +97,12 @@ def handle(request: Any, deps: WebDeps) -> tuple[str, int, dict[str, str]]:
         return _error(url, 404, "No such page",
                       f"there is no page {name!r}: see the menu above", identity)
     params = {k: request.args.get(k, "") for k in request.args}
-    ctx = pages.Context(reader=reader, catalog=catalog, now=deps.clock(), url=url)
+    ctx = pages.Context(reader=reader, catalog=catalog, now=deps.clock(), url=url,
+                        visible=verdict.teams)
     try:
         data = pages.PAGES[name](ctx, params)
+    except pages.NotYours as exc:
+        return _error(url, 403, "Not your team", str(exc), identity)
     except pages.BadRequest as exc:
         return _error(url, 400, "Bad request", str(exc), identity)
     except CursorGone:

@@ -82,6 +82,21 @@ class SnapshotMethod(StrEnum):
     POD = "pod"
 
 
+class WhenFull(StrEnum):
+    """What a request that does not fit its team's quota or the capacity becomes."""
+
+    QUEUE = "queue"
+    REFUSE = "refuse"
+
+
+class WorkKind(StrEnum):
+    """The kinds of work a priority class may be the default of."""
+
+    WORKSPACE = "workspace"
+    JOB = "job"
+    SANDBOX = "sandbox"
+
+
 class Role(StrEnum):
     ADMIN = "admin"
     MEMBER = "member"
@@ -107,6 +122,8 @@ class RefusalReason(StrEnum):
     GPU_QUOTA_EXCEEDED = "gpu_quota_exceeded"
     TPU_QUOTA_EXCEEDED = "tpu_quota_exceeded"
     SNAPSHOT_QUOTA_EXCEEDED = "snapshot_quota_exceeded"
+    # capacity (functions.domain.scheduling)
+    NO_CAPACITY = "no_capacity"
 
 
 class NoticeKind(StrEnum):
@@ -288,6 +305,8 @@ class Environment:
     python: str = "default"
     message: str | None = None
     redirect: str | None = None
+    #: False: its workspaces' memory is never snapshotted (pause keeps only the home).
+    memory_snapshots: bool = True
 
     @property
     def usable(self) -> bool:
@@ -304,7 +323,8 @@ class Environment:
         return cls(id=entry["id"], title=entry["title"], image=entry["image"],
                    status=EnvironmentStatus(entry["status"]),
                    python=entry.get("python", "default"), message=entry.get("message"),
-                   redirect=entry.get("redirect"))
+                   redirect=entry.get("redirect"),
+                   memory_snapshots=bool(entry.get("memory_snapshots", True)))
 
 
 @dataclass(frozen=True)
@@ -402,6 +422,29 @@ class SnapshotPolicy:
 
 
 @dataclass(frozen=True)
+class ProfileScheduling:
+    """A profile's queueing, preemption and checkpoint policy (``functions.domain.scheduling``
+    applies it)."""
+
+    #: None: the team's class, else the default class of workspaces.
+    priority_class: str | None = None
+    when_full: WhenFull = WhenFull.QUEUE
+    #: None: a queued request waits until it is cancelled.
+    max_wait_seconds: int | None = None
+    #: None: a busy kernel is never preempted; else only this long after a warning.
+    preempt_busy_after_seconds: int | None = None
+    #: None: no periodic checkpoints (Spot profiles should have them).
+    checkpoint_every_seconds: int | None = None
+
+    @classmethod
+    def from_config(cls, entry: Mapping[str, Any] | None) -> ProfileScheduling:
+        entry = entry or {}
+        return cls(entry.get("priority_class"), WhenFull(entry.get("when_full", "queue")),
+                   entry.get("max_wait_seconds"), entry.get("preempt_busy_after_seconds"),
+                   entry.get("checkpoint_every_seconds"))
+
+
+@dataclass(frozen=True)
 class Profile:
     """A hardware profile: what a workspace runs on, what it costs, when it pauses."""
 
@@ -423,6 +466,9 @@ class Profile:
     environments: tuple[str, ...] | None = None
     #: Allowed IDE ids; None: every IDE.
     ides: tuple[str, ...] | None = None
+    scheduling: ProfileScheduling = ProfileScheduling()
+    #: "required": only where each workspace gets an OS user of its own.
+    isolation: str = "best_effort"
 
     @property
     def cpus(self) -> float:
@@ -450,6 +496,8 @@ class Profile:
             reservation=entry.get("reservation"),
             environments=tuple(envs) if envs is not None else None,
             ides=tuple(ides) if ides is not None else None,
+            scheduling=ProfileScheduling.from_config(entry.get("scheduling")),
+            isolation=str(entry.get("isolation") or "best_effort"),
         )
 
 
@@ -485,6 +533,17 @@ class Team:
     contact: str | None = None
     #: Overrides of the profiles' snapshot retention, field by field.
     retention: Mapping[str, Any] | None = None
+    #: The class of all of this team's work (wins over the profile's); None: the profile's.
+    priority_class: str | None = None
+    #: Teams of one cohort lend each other the GPU/TPU quota they leave unused.
+    cohort: str | None = None
+    #: How far over its own quota the team may borrow ({"gpus": n, "tpus": n}); a missing
+    #: counter: as much as the cohort has unused.
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)
+    #: False: its workspaces' memory is never snapshotted (pause keeps only the home).
+    memory_snapshots: bool = True
+    #: "required": only where each workspace gets an OS user of its own.
+    isolation: str = "best_effort"
 
     @classmethod
     def from_config(cls, entry: Mapping[str, Any]) -> Team:
@@ -493,7 +552,11 @@ class Team:
         return cls(id=entry["id"], title=entry["title"], members=members,
                    quotas=Quotas.from_config(entry["quotas"]),
                    profiles=tuple(entry["profiles"]), contact=entry.get("contact"),
-                   retention=entry.get("retention"))
+                   retention=entry.get("retention"), priority_class=entry.get("priority_class"),
+                   cohort=entry.get("cohort"),
+                   borrowing_limit=dict(entry.get("borrowing_limit") or {}),
+                   memory_snapshots=bool(entry.get("memory_snapshots", True)),
+                   isolation=str(entry.get("isolation") or "best_effort"))
 
     def member(self, user: str) -> Member | None:
         return next((m for m in self.members if m.user == user), None)
@@ -510,6 +573,51 @@ class Team:
         if self.admins:
             return f"a team admin ({', '.join(self.admins)})"
         return "a Stasis admin"
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """Who goes first: a higher ``value`` is admitted first and may preempt lower ones."""
+
+    id: str
+    value: int
+    description: str = ""
+
+
+#: The one class of a config without a ``scheduling`` section.
+DEFAULT_PRIORITY = PriorityClass("default", 0, "every request alike")
+
+
+@dataclass(frozen=True)
+class DeclaredNode:
+    """Accelerators an admin declares for a node of the local runtime (no GPU behind them)."""
+
+    id: str
+    accelerators: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """The ``scheduling`` section: priority classes, the default class of each kind of work,
+    declared capacity of local nodes."""
+
+    priority_classes: Mapping[str, PriorityClass] = field(
+        default_factory=lambda: {DEFAULT_PRIORITY.id: DEFAULT_PRIORITY})
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    nodes: Mapping[str, DeclaredNode] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, entry: Mapping[str, Any] | None) -> Scheduling:
+        entry = entry or {}
+        classes = {c["id"]: PriorityClass(c["id"], c["value"], c.get("description", ""))
+                   for c in entry.get("priority_classes") or ()}
+        return cls(classes or {DEFAULT_PRIORITY.id: DEFAULT_PRIORITY},
+                   dict(entry.get("defaults") or {}),
+                   {n["id"]: DeclaredNode(n["id"], dict(n["accelerators"]))
+                    for n in entry.get("nodes") or ()})
+
+    def lowest(self) -> PriorityClass:
+        return min(self.priority_classes.values(), key=lambda c: c.value)
 
 
 @dataclass(frozen=True)
@@ -544,6 +652,7 @@ class Catalog:
     profiles: Mapping[str, Profile]
     teams: Mapping[str, Team]
     pricing: Pricing = Pricing()
+    scheduling: Scheduling = Scheduling()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Catalog:
@@ -566,6 +675,7 @@ class Catalog:
                 teams={e["id"]: Team.from_config(e) for e in config["teams"]},
                 pricing=Pricing(float(pricing.get("disk_gb_month", 0.0)),
                                 float(pricing.get("snapshot_gb_month", 0.0))),
+                scheduling=Scheduling.from_config(config.get("scheduling")),
             )
         except (KeyError, TypeError, ValueError) as error:
             # Only reachable for a config that skipped the schema.
@@ -597,6 +707,36 @@ class Catalog:
     def available_ides(self, installed: Set[str]) -> frozenset[str]:
         """The IDEs a runtime with the ``installed`` binaries can serve."""
         return frozenset(i.id for i in self.ides.values() if set(i.requires) <= installed)
+
+    def priority_for(self, team_id: str, profile_id: str | None = None,
+                     kind: WorkKind = WorkKind.WORKSPACE) -> PriorityClass:
+        """The priority class of a team's work: the team's own class, else the profile's,
+        else the default class of its kind, else the lowest class there is."""
+        classes = self.scheduling.priority_classes
+        team = self.teams.get(team_id)
+        profile = self.profiles.get(profile_id or "")
+        for name in (team.priority_class if team else None,
+                     profile.scheduling.priority_class if profile else None,
+                     self.scheduling.defaults.get(str(kind))):
+            if name is not None and name in classes:
+                return classes[name]
+        return self.scheduling.lowest()
+
+    def memory_snapshots_for(self, team_id: str, environment_id: str) -> bool:
+        """Whether a workspace of ``team_id`` on ``environment_id`` may have its memory
+        snapshotted: memory snapshots copy whatever data was in memory, so either the
+        environment or the team saying ``memory_snapshots: false`` keeps them off."""
+        team = self.teams.get(team_id)
+        env = self.environments.get(environment_id)
+        return (team is None or team.memory_snapshots) and (env is None or env.memory_snapshots)
+
+    def isolation_required_by(self, team_id: str, profile_id: str) -> list[str]:
+        """What asks that a workspace of ``team_id`` on ``profile_id`` run only as an OS
+        user of its own ("team t", "profile p"): the runtime refuses it, with its reason,
+        where it cannot give one."""
+        team, profile = self.teams.get(team_id), self.profiles.get(profile_id)
+        return ([f"team {team_id}"] if team and team.isolation == "required" else []) + (
+            [f"profile {profile_id}"] if profile and profile.isolation == "required" else [])
 
     def retention_for(self, team_id: str, profile_id: str) -> Retention:
         """The profile's snapshot retention with the team's override applied."""
@@ -825,6 +965,8 @@ def validate_config(config: Mapping[str, Any]) -> list[Problem]:
     _check_profiles(sections["profiles"], env_by_id, ids["ides"], problems)
     _check_teams(sections["teams"], ids["profiles"], problems)
     _check_pricing(config.get("pricing"), problems)
+    _check_scheduling(config.get("scheduling"), sections["profiles"], sections["teams"],
+                      problems)
     return problems
 
 
@@ -1080,6 +1222,61 @@ def _check_pricing(pricing: object, problems: list[Problem]) -> None:
                 _non_negative(pointer("pricing", key), pricing[key], problems, number=True)
 
 
+def _check_scheduling(scheduling: object, profiles: list[tuple[int, Mapping[str, Any]]],
+                      teams: list[tuple[int, Mapping[str, Any]]],
+                      problems: list[Problem]) -> None:
+    """Priority classes unique and every reference to one known; declared nodes unique; a
+    profile's queue policy and a team's borrowing coherent."""
+    section = scheduling if isinstance(scheduling, Mapping) else {}
+    classes: dict[str, int] = {}
+    entries = section.get("priority_classes")
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        class_id = entry.get("id") if isinstance(entry, Mapping) else None
+        if isinstance(class_id, str) and class_id in classes:
+            first = pointer("scheduling", "priority_classes", classes[class_id])
+            problems.append(Problem(pointer("scheduling", "priority_classes", i, "id"),
+                                    f"duplicate priority class {class_id}: already at {first}"))
+        elif isinstance(class_id, str):
+            classes[class_id] = i
+    known = list(classes) or [DEFAULT_PRIORITY.id]
+
+    def check_class(path: str, name: object) -> None:
+        if isinstance(name, str) and name not in known:
+            problems.append(Problem(path, f"unknown priority class {name}"
+                                          f"{_did_you_mean(name, known)}"
+                                          f"{_known('priority classes', known)}"))
+
+    defaults = section.get("defaults")
+    for kind, name in (defaults.items() if isinstance(defaults, Mapping) else ()):
+        check_class(pointer("scheduling", "defaults", kind), name)
+    seen: dict[str, int] = {}
+    nodes = section.get("nodes")
+    for i, node in enumerate(nodes if isinstance(nodes, list) else []):
+        node_id = node.get("id") if isinstance(node, Mapping) else None
+        if isinstance(node_id, str) and node_id in seen:
+            problems.append(Problem(pointer("scheduling", "nodes", i, "id"),
+                                    f"node {node_id} is declared twice (first at "
+                                    f"{pointer('scheduling', 'nodes', seen[node_id])})"))
+        elif isinstance(node_id, str):
+            seen[node_id] = i
+    for i, profile in profiles:
+        policy = profile.get("scheduling")
+        if not isinstance(policy, Mapping):
+            continue
+        check_class(pointer("profiles", i, "scheduling", "priority_class"),
+                    policy.get("priority_class"))
+        if policy.get("when_full") == WhenFull.REFUSE and "max_wait_seconds" in policy:
+            problems.append(Problem(pointer("profiles", i, "scheduling", "max_wait_seconds"),
+                                    "a profile that refuses when full queues nothing to wait: "
+                                    "remove max_wait_seconds or set when_full: queue"))
+    for i, team in teams:
+        check_class(pointer("teams", i, "priority_class"), team.get("priority_class"))
+        if team.get("borrowing_limit") is not None and team.get("cohort") is None:
+            problems.append(Problem(pointer("teams", i, "borrowing_limit"),
+                                    "a team borrows only from its cohort: set cohort or remove "
+                                    "borrowing_limit"))
+
+
 def _id_list(entry: Mapping[str, Any], key: str, at: Callable[..., str],
              problems: list[Problem]) -> list[tuple[int, str]]:
     value = entry.get(key)
@@ -1139,6 +1336,8 @@ class ConfigDocuments:
     teams: dict[str, dict[str, Any]]
     pricing: dict[str, Any]
     revision: str
+    #: The ``scheduling`` section as written (priority classes, defaults, declared nodes).
+    scheduling: dict[str, Any] = field(default_factory=dict)
 
 
 def config_revision(config: Mapping[str, Any]) -> str:
@@ -1173,7 +1372,7 @@ def config_documents(config: Mapping[str, Any], *, applied_at: datetime,
                                   if m.get("slack_user_id")]
     pricing = {**_plain(config.get("pricing") or {}), **meta}
     return ConfigDocuments(docs("ides"), docs("environments"), docs("profiles"), teams, pricing,
-                           revision)
+                           revision, _plain(config.get("scheduling") or {}))
 
 
 def _plain(value: Any) -> Any:

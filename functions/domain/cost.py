@@ -11,7 +11,8 @@ time order gives the spans it spent in each state:
 - **disk**: states that hold a workspace slot (``lifecycle.HOLDS_SLOT``: the home disk
   exists) at ``pricing.disk_gb_month`` for the profile's disk size;
 - **snapshots**: each snapshot record from ``created_at`` until it expired or was deleted,
-  at ``pricing.snapshot_gb_month`` for its bytes;
+  at ``pricing.snapshot_gb_month`` for its bytes (a part shared by several snapshots of a
+  workspace once);
 - **saved by auto-pause**: PAUSED spans whose pause the idle policy asked for (actor
   ``idle-policy``), until the next resume, deletion or ``now``: the hardware it would
   otherwise have held, at the profile's price (an upper bound: the owner might have paused).
@@ -33,10 +34,16 @@ from typing import Any
 from functions.domain.catalog import AcceleratorKind, Catalog, Profile
 from functions.domain.idle import ACTOR as IDLE_ACTOR
 from functions.domain.lifecycle import HOLDS_HARDWARE, HOLDS_SLOT, Reason, State, Workspace
-from functions.domain.retention import SnapshotRecord
+from functions.domain.retention import SnapshotRecord, held_bytes
 
 GIB = 2**30
 _ACCEPTED = "accepted: "
+#: Audit actions of the lifecycle (other handlers audit into the same collection).
+LIFECYCLE_ACTIONS = frozenset({
+    "workspace.requested", "workspace.ready", "workspace.runtime_failed",
+    "workspace.pause_requested", "snapshot.finished", "workspace.resume_requested",
+    "workspace.delete_requested",
+})
 
 #: The state an accepted decision with this reason leaves the workspace in.
 REASON_STATE: Mapping[str, State] = {
@@ -317,16 +324,20 @@ def _add_workspace(totals: _Totals, ws: Workspace, profile: Profile | None, span
 
 def _snapshot_usage(records: Iterable[SnapshotRecord], start: datetime,
                     now: datetime) -> tuple[int, float]:
-    """(live bytes at ``now``, GiB-hours stored since ``start``)."""
-    bytes_now, gib_hours = 0, 0.0
+    """(live bytes at ``now``, GiB-hours stored since ``start``). A part that several
+    snapshots of a workspace share is stored, and counted, once: from the first of them
+    recorded to the last of them gone."""
+    records = list(records)
+    spans: dict[str, list[Any]] = {}  # object name -> [bytes, stored from, stored until]
     for record in records:
-        if record.live:
-            bytes_now += record.bytes
         began = max(start, record.created_at or start)
-        ended = min(now, record.ended_at or now) if not record.live else now
-        if ended > began:
-            gib_hours += record.bytes / GIB * (ended - began).total_seconds() / 3600
-    return bytes_now, gib_hours
+        ended = now if record.live else min(now, record.ended_at or now)
+        for name, size in record.units().items():
+            span = spans.setdefault(name, [size, began, ended])
+            span[1], span[2] = min(span[1], began), max(span[2], ended)
+    gib_hours = sum(size / GIB * (ended - began).total_seconds() / 3600
+                    for size, began, ended in spans.values() if ended > began)
+    return sum(held_bytes(records).values()), gib_hours
 
 
 def _usd(value: float) -> float:
@@ -340,6 +351,7 @@ def _r(value: float) -> float:
 __all__ = [
     "FROM_STATE",
     "GIB",
+    "LIFECYCLE_ACTIONS",
     "REASON_STATE",
     "Month",
     "Spans",

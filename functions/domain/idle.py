@@ -27,6 +27,11 @@ The ladder, first answer wins:
    both reached decides: ``pause`` -> pause (``idle``); ``none`` -> keep (``rule_none``).
 9. no rule reached: keep (``active``).
 
+A GPU-idle alert of cluster monitoring (workspace.idle_detected with cause ``gpu_idle``)
+is evidence about the GPU only: :func:`corroborated` joins it with what the runtime says of
+the kernels, and the same ladder decides. Without the runtime's answer nothing pauses
+(``no_signals``), and a kernel running a cell keeps the workspace whatever its GPU does.
+
 Idle time counts from the latest of: the runtime's ``last_activity``, the workspace's own
 ``last_activity`` (the lifecycle stamps it when the workspace becomes RUNNING) and the
 moment it became RUNNING, so a timestamp older than the current run never counts.
@@ -38,7 +43,7 @@ days; whatever the user does through it (a cell, a keystroke in a terminal, a sa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -51,6 +56,8 @@ from functions.domain.lifecycle import Reason, State, Workspace
 MAX_SIGNAL_AGE = timedelta(minutes=10)
 #: A GPU this busy (percent, as nvidia-smi reports it) counts as work in progress.
 GPU_BUSY_PERCENT = 10.0
+#: ``WorkspaceIdleDetected.cause`` of a cluster monitoring GPU-idle alert.
+GPU_IDLE = "gpu_idle"
 #: Actor of the pause requests the idle policy makes (audit, cost: "saved by auto-pause").
 ACTOR = "idle-policy"
 #: How the workspace last became RUNNING, for the grace period.
@@ -174,6 +181,83 @@ def evaluate(ws: Workspace, policy: IdlePolicy, signals: Signals | None,
                        idle_seconds=idle, running_seconds=running)
 
 
+def corroborated(evidence: Signals, runtime: Signals | None) -> Signals | None:
+    """A GPU-idle alert's ``evidence`` joined with the ``runtime``'s own signals.
+
+    Monitoring measured the GPU and nothing else: the kernels, the last activity and the
+    connections are the runtime's, and without them there is nothing to decide on (None:
+    ``no_signals``). The GPU counts as busy if either saw it busy, and the older of the two
+    observations is the age of the whole (a stale alert stays stale).
+    """
+    if runtime is None:
+        return None
+    gpu = [g for g in (evidence.gpu_utilization, runtime.gpu_utilization) if g is not None]
+    return replace(runtime, observed_at=min(evidence.observed_at, runtime.observed_at),
+                   gpu_utilization=max(gpu) if gpu else None)
+
+
+@dataclass(frozen=True)
+class IdleOutlook:
+    """What the owner reads next to a RUNNING workspace: how long until the policy pauses it
+    if nothing happens, or why it will not (``seconds_left`` None)."""
+
+    seconds_left: int | None
+    reason: IdleReason
+    message: str
+
+
+def outlook(ws: Workspace, policy: IdlePolicy, signals: Signals | None,
+            now: datetime) -> IdleOutlook:
+    """The time left before ``policy`` pauses ``ws`` if it stays idle from now on.
+
+    The same ladder as :func:`evaluate`, run forward: busy work and stale or missing
+    evidence are said as they are; otherwise the earliest moment at which either the
+    maximum age or the first rule (in order) reached is a pause, never inside the grace
+    period after a resume. Idle time counts from the latest activity seen (the workspace's
+    own ``last_activity`` when the runtime reported none). Pure.
+    """
+    verdict = evaluate(ws, policy, signals, now)
+    if verdict.pause:
+        return IdleOutlook(0, verdict.reason, verdict.message)
+    if verdict.reason in (IdleReason.NOT_RUNNING, IdleReason.STALE_SIGNALS, IdleReason.BUSY):
+        return IdleOutlook(None, verdict.reason, f"won't pause: {verdict.message}")
+    since = running_since(ws, now)
+    running = _seconds(now - since)
+    seen = signals.last_activity if signals is not None else None
+    idle = _seconds(now - max(t for t in (seen, ws.last_activity, since) if t is not None))
+    grace_left = (max(0, policy.grace_after_resume_seconds - running)
+                  if ws.state_reason in _GRACE_AFTER else 0)
+    idle_at = _first_idle_pause(policy, idle, running)
+    if idle_at is not None:
+        idle_at = max(idle_at, grace_left)
+    age_at = (max(0, policy.max_age_seconds - running)
+              if policy.max_age_seconds is not None else None)
+    options = [t for t in (idle_at, age_at) if t is not None]
+    if not options:
+        return IdleOutlook(None, verdict.reason, f"profile {ws.profile}'s idle policy does "
+                                                 "not pause it")
+    left = min(options)
+    if age_at is not None and left == age_at and (idle_at is None or age_at <= idle_at):
+        why = f"profile {ws.profile} runs at most {_human(policy.max_age_seconds or 0)}"
+    else:
+        why = f"if idle; idle for {_human(idle)}"
+    if verdict.reason == IdleReason.GRACE:
+        why += f"; grace after resume, {_human(grace_left)} left"
+    return IdleOutlook(left, verdict.reason, f"pauses in {_human(left)} ({why})")
+
+
+def _first_idle_pause(policy: IdlePolicy, idle: int, running: int) -> int | None:
+    """Seconds from now until the first rule reached (in order) is a pause, idle from now
+    on; None if a ``none`` rule always gets there first, or there is no pause rule."""
+    reach = [max(0, rule.idle_seconds - idle, rule.min_running_seconds - running)
+             for rule in policy.rules]
+    for moment in sorted(set(reach)):
+        decider = next(r for r, at in zip(policy.rules, reach, strict=True) if at <= moment)
+        if decider.effect == IdleEffect.PAUSE:
+            return moment
+    return None
+
+
 def needs_signals(ws: Workspace, policy: IdlePolicy, now: datetime) -> bool:
     """Whether the runtime's signals could change the verdict. False while the workspace
     is not RUNNING, in its grace period, or too young for any pause rule: the sweep then
@@ -204,6 +288,11 @@ def parse_time(text: str) -> datetime:
     """An RFC 3339 time; one without a zone is taken as UTC (jupyter-server writes one)."""
     value = datetime.fromisoformat(text)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def is_busy(signals: Signals) -> bool:
+    """Whether a kernel or the GPU is at work (what the idle rules never pause)."""
+    return _busy(signals) is not None
 
 
 def _busy(signals: Signals) -> str | None:
@@ -241,12 +330,16 @@ def _human(seconds: int) -> str:
 __all__ = [
     "ACTOR",
     "GPU_BUSY_PERCENT",
+    "GPU_IDLE",
     "MAX_SIGNAL_AGE",
+    "IdleOutlook",
     "IdleReason",
     "IdleVerdict",
     "Signals",
+    "corroborated",
     "evaluate",
     "needs_signals",
+    "outlook",
     "parse_time",
     "pause_request_id",
     "running_since",

@@ -20,6 +20,9 @@ team and profile, ``hosts``, this node's accelerators for a ``local`` job (all i
 run on the one node: it must have ``profile accelerators x hosts``; a cluster places hosts
 on its own nodes and reports no accelerators, so nothing is checked there), the team's
 quota. Refusals speak of the job and what to do about it.
+
+A decision also carries what the job runtime must do (a kubernetes job's :class:`StartJob`
+once admitted, :class:`CancelJob` once ended) and the job.state_changed of the change.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from events.payloads import JobSubmitted
+from events.payloads import JobStateChanged, JobSubmitted
 from functions.domain.catalog import (
     Profile,
     Quotas,
@@ -42,6 +45,9 @@ from functions.domain.catalog import (
 from functions.domain.quota import Admitted, Usage, accelerators_of, admit, release
 
 MAX_HOSTS = 1024
+#: Where a job's hosts run when the control plane starts them (a JobSet per job); a
+#: ``local`` job's hosts are the submitting kernel's own children.
+KUBERNETES = "kubernetes"
 
 
 class JobState(StrEnum):
@@ -137,16 +143,58 @@ class Job:
 Request = JobSubmitted
 
 
+# Commands: what the job runtime is asked to do once the decision is committed.
+@dataclass(frozen=True)
+class StartJob:
+    """Start an admitted kubernetes job (its JobSet); the function is at ``payload_uri``."""
+
+    job_id: str
+    team: str
+    owner: str
+    profile: str
+    hosts: int
+    payload_uri: str | None
+    topology: str | None = None
+    workspace_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelJob:
+    """Release an ended kubernetes job's hosts (its JobSet and Service are deleted)."""
+
+    job_id: str
+    team: str
+
+
+Command = StartJob | CancelJob
+
+
 @dataclass(frozen=True)
 class Decision:
     """What a handler writes: the job (None: nothing to write) and the team's new usage
-    (None: unchanged)."""
+    (None: unchanged); what the job runtime must do, and the job's state change."""
 
     job: Job | None
     usage: Usage | None
     accepted: bool
     reason: str
     message: str
+    commands: tuple[Command, ...] = ()
+    events: tuple[JobStateChanged, ...] = ()
+
+    def outcome(self) -> dict[str, Any]:
+        """What the request's ledger entry says."""
+        return {"accepted": self.accepted, "reason": self.reason, "message": self.message,
+                "state": str(self.job.state) if self.job else None}
+
+
+def changed(before: JobState | None, after: Job, reason: str) -> JobStateChanged:
+    """The job.state_changed of ``after``, which was ``before`` (None: just submitted)."""
+    return JobStateChanged(
+        job_id=after.id, team=after.team, owner=after.owner,
+        from_state=str(before) if before is not None else None, to_state=str(after.state),
+        reason=reason, message=after.message, workspace_id=after.workspace_id,
+        runtime=after.runtime)
 
 
 def submit(request: Request, *, existing: Job | None, profile: Profile | None,
@@ -166,7 +214,8 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
                   JobState.REFUSED, workspace_id=request.workspace_id, runtime=request.runtime,
                   function=request.function, message=message, submitted_at=now,
                   finished_at=now)
-        return Decision(job, None, False, reason, message)
+        return Decision(job, None, False, reason, message,
+                        events=(changed(None, job, reason),))
 
     if quotas is None:
         return refused("unknown_team", f"team {request.team} is not in the catalog")
@@ -194,7 +243,11 @@ def submit(request: Request, *, existing: Job | None, profile: Profile | None,
               function=request.function, log_uri=request.log_uri,
               message=f"running on {request.hosts} x {profile.id}", submitted_at=now,
               started_at=now)
-    return Decision(job, outcome.usage, True, "admitted", job.message)
+    start = (StartJob(job.id, job.team, job.owner, job.profile, job.hosts,
+                      request.payload_uri, request.topology, job.workspace_id),)
+    return Decision(job, outcome.usage, True, "admitted", job.message,
+                    commands=start if job.runtime == KUBERNETES else (),
+                    events=(changed(None, job, "admitted"),))
 
 
 def hardware_refusal(request: Request, profile: Profile,
@@ -258,4 +311,8 @@ def finish(job: Job | None, *, job_id: str, succeeded: bool, termination: str,
     ended = replace(job, state=target, message=message, exit_status=exit_status,
                     failed_host=failed_host, log_uri=log_uri or job.log_uri,
                     finished_at=now, duration_ms=duration)
-    return Decision(ended, release(usage, job.demand), True, str(target).lower(), message)
+    reason = str(target).lower()
+    # Whoever reports the end, a kubernetes job's hosts go with it (the slice is freed).
+    cancel = (CancelJob(job.id, job.team),) if job.runtime == KUBERNETES else ()
+    return Decision(ended, release(usage, job.demand), True, reason, message,
+                    commands=cancel, events=(changed(job.state, ended, reason),))

@@ -93,6 +93,7 @@ class Reason(StrEnum):
     WAITING = "waiting"  # the workspace is on its way to RUNNING: wait
     # refusals
     TOKEN_IN_URL = "token_in_url"
+    BAD_PATH = "bad_path"  # still percent-encoded after decoding, or a dot segment
     UNAUTHENTICATED = "unauthenticated"  # no verified caller identity (IAP)
     MISSING_TOKEN = "missing_token"
     MALFORMED_TOKEN = "malformed_token"
@@ -105,11 +106,14 @@ class Reason(StrEnum):
     OTHER_TEAM = "other_team"
     CREATOR_NOT_MEMBER = "creator_not_member"
     CREATOR_NO_RIGHTS = "creator_no_rights"
+    NOT_MEMBER = "not_member"  # a signed-in user who is not in the workspace's team
+    NO_RIGHTS = "no_rights"  # a member who is neither the owner nor a team admin
     SCOPE = "insufficient_scope"
     UNKNOWN_OPERATION = "unknown_operation"
     WORKSPACE_GONE = "workspace_gone"
     WORKSPACE_FAILED = "workspace_failed"
     WORKSPACE_PAUSED = "workspace_paused"
+    WORKSPACE_QUEUED = "workspace_queued"  # waiting for capacity: may be hours, so not waited
     UNAVAILABLE = "unavailable"
     # creation and revocation
     BAD_TTL = "bad_ttl"
@@ -127,6 +131,7 @@ HTTP_STATUS: Mapping[Reason, int] = {
     Reason.RESUMING: 202,
     Reason.WAITING: 202,
     Reason.TOKEN_IN_URL: 400,
+    Reason.BAD_PATH: 400,
     Reason.UNAUTHENTICATED: 401,
     Reason.MISSING_TOKEN: 401,
     Reason.MALFORMED_TOKEN: 401,
@@ -139,11 +144,14 @@ HTTP_STATUS: Mapping[Reason, int] = {
     Reason.OTHER_TEAM: 403,
     Reason.CREATOR_NOT_MEMBER: 403,
     Reason.CREATOR_NO_RIGHTS: 403,
+    Reason.NOT_MEMBER: 403,
+    Reason.NO_RIGHTS: 403,
     Reason.SCOPE: 403,
     Reason.UNKNOWN_OPERATION: 404,
     Reason.WORKSPACE_GONE: 410,
     Reason.WORKSPACE_FAILED: 409,
     Reason.WORKSPACE_PAUSED: 409,
+    Reason.WORKSPACE_QUEUED: 503,
     Reason.UNAVAILABLE: 503,
     Reason.BAD_TTL: 400,
     Reason.BAD_SCOPE: 400,
@@ -394,6 +402,9 @@ class Link:
     revoked_at: datetime | None = None
     revoked_by: str | None = None
     revoke_reason: str | None = None
+    #: The workspace incarnation it was made for (``Workspace.incarnation``): a later
+    #: workspace of the same id is another one, and the link is not for it.
+    incarnation: str | None = None
 
     def status(self, now: datetime) -> str:
         """``active``, ``expired`` or ``revoked``, for listings."""
@@ -411,6 +422,7 @@ class Target:
     owner: str
     state: str  # functions.domain.lifecycle.State value
     version: int = 0
+    incarnation: str | None = None
 
 
 def rights(role: Role | None, *, is_owner: bool) -> frozenset[Scope]:
@@ -470,6 +482,9 @@ def deny(reason: Reason, message: str, retry_after: float | None = None) -> Verd
 
 ALLOWED = Verdict(Outcome.ALLOW, Reason.OK)
 _WAIT_STATES = frozenset({"REQUESTED", "PROVISIONING", "RESUMING", "PAUSING"})
+#: A QUEUED workspace waits for capacity, minutes to hours: a request is refused at once
+#: (not held for ``resume_wait_seconds``) and told to come back after this long.
+QUEUED_RETRY_SECONDS = 60.0
 
 
 def check_token(path: str, query: str, authorization: str | None) -> Verdict | str:
@@ -510,6 +525,10 @@ def check_request(link: Link | None, *, now: datetime, workspace_id: str,
                     f"{link.workspace}, not {workspace_id}")
     if workspace is None or workspace.state == "DELETED":
         return deny(Reason.WORKSPACE_GONE, f"workspace {link.workspace} no longer exists")
+    if workspace.incarnation != link.incarnation:
+        # Same id, another workspace (deleted and created again, maybe by someone else).
+        return deny(Reason.WORKSPACE_GONE, f"link {link.link_id} was for an earlier workspace "
+                    f"{link.workspace}, since deleted: ask for a new one")
     if workspace.team != link.team:
         return deny(Reason.OTHER_TEAM, f"workspace {workspace.id} belongs to team "
                     f"{workspace.team}, and link {link.link_id} to team {link.team}")
@@ -532,23 +551,63 @@ def check_request(link: Link | None, *, now: datetime, workspace_id: str,
 
 
 def _by_state(link: Link, workspace: Target, policy: LinkPolicy) -> Verdict:
+    # A resume takes hardware: only scopes allowed to spend it resume.
+    return state_verdict(workspace, resumes=link.scope in policy.resume_scopes,
+                         paused=f"workspace {workspace.id} is paused and a {link.scope} link "
+                                "does not resume it: ask its owner to resume it")
+
+
+def state_verdict(workspace: Target, *, resumes: bool, paused: str = "") -> Verdict:
+    """What the workspace's state means for a request that may otherwise reach it, the same
+    for an agent link and a browser session (``functions.domain.ide``): RUNNING passes;
+    PAUSED is resumed when ``resumes`` (else refused with the message ``paused``); on its
+    way to RUNNING (or to PAUSED) it is waited for; QUEUED (waiting for capacity) is refused
+    at once with a Retry-After; deleting, deleted or failed refuse."""
     state = workspace.state
     if state == "RUNNING":
         return ALLOWED
     if state == "PAUSED":
-        if link.scope not in policy.resume_scopes:
-            # A resume takes hardware: only scopes allowed to spend it resume.
-            return deny(Reason.WORKSPACE_PAUSED, f"workspace {workspace.id} is paused and a "
-                        f"{link.scope} link does not resume it: ask its owner to resume it")
+        if not resumes:
+            return deny(Reason.WORKSPACE_PAUSED,
+                        paused or f"workspace {workspace.id} is paused")
         return Verdict(Outcome.RESUME, Reason.RESUMING,
                        f"workspace {workspace.id} is paused: resuming it")
     if state in _WAIT_STATES:
         return Verdict(Outcome.WAIT, Reason.WAITING,
                        f"workspace {workspace.id} is {state.lower()}: waiting for it")
+    if state == "QUEUED":
+        return deny(Reason.WORKSPACE_QUEUED,
+                    f"workspace {workspace.id} is queued for capacity: it starts when its "
+                    "hardware frees (`stasis ws status` shows its place and estimate)",
+                    QUEUED_RETRY_SECONDS)
     if state == "DELETING":
         return deny(Reason.WORKSPACE_GONE, f"workspace {workspace.id} is being deleted")
     return deny(Reason.WORKSPACE_FAILED, f"workspace {workspace.id} is {state}"
                 + (": see `stasis ws status`" if state == "FAILED" else ""))
+
+
+_STILL_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def normal_path(subpath: str) -> str | None:
+    """The proxied path (once decoded, as the HTTP server hands it over) in the one form the
+    operation is decided on and the request forwarded with: its segments joined by single
+    slashes. None for a path that could mean something else further on: one still
+    percent-encoded (``%2e%2e`` from a double-encoded ``%252e%252e`` would be decoded again
+    by Jupyter into ``..``), a dot segment, a backslash or a control character."""
+    if _STILL_ENCODED.search(subpath) or "\\" in subpath or any(
+            ord(c) < 0x20 or ord(c) == 0x7F for c in subpath):
+        return None
+    segments = [s for s in subpath.split("/") if s]
+    if any(s in (".", "..") for s in segments):
+        return None
+    return "/".join(segments)
+
+
+#: The refusal of a path :func:`normal_path` does not take.
+BAD_PATH = Verdict(Outcome.DENY, Reason.BAD_PATH,
+                   "the path has a dot segment or is still percent-encoded after decoding "
+                   "(double encoding): send each character encoded once")
 
 
 def operation_for(method: str, subpath: str) -> Operation | None:
@@ -647,6 +706,18 @@ def check_create(*, creator: str, creator_role: Role | None, workspace_id: str,
                    "by policy",)
         seconds = policy.max_ttl_seconds
     return Issue(now + timedelta(seconds=seconds), seconds, notices)
+
+
+#: Who revoked, and why, the links a deleted workspace takes with it.
+WORKSPACE_DELETED_BY = "stasis"
+WORKSPACE_DELETED = "workspace_deleted"
+
+
+def revoked_with_workspace(now: datetime) -> dict[str, object]:
+    """The fields that revoke a link because its workspace was deleted (every link of a
+    workspace is revoked when it reaches DELETED, so none outlives it)."""
+    return {"revoked_at": now, "revoked_by": WORKSPACE_DELETED_BY,
+            "revoke_reason": WORKSPACE_DELETED}
 
 
 def check_revoke(link: Link | None, *, actor: str, actor_role: Role | None,

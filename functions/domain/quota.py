@@ -19,6 +19,12 @@ What a workspace holds (``functions.domain.lifecycle`` names the states):
 
 Quotas are checked only for what a request adds: a team over a quota (an admin lowered
 it) keeps what it has, and a request that needs none of the exceeded resource still goes.
+
+**Borrowing** (Kueue's cohorts, the same rule on every runtime): a team of a cohort may go
+over its own GPU or TPU quota by what the cohort's teams leave unused, at most its
+``borrowing_limit``; the cohort as a whole never holds more than the sum of its quotas.
+The lender gets it back by preemption: ``functions.domain.scheduling`` pauses the
+borrower's workspace when the lender's request waits within the lender's own quota.
 """
 
 from __future__ import annotations
@@ -72,6 +78,24 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Cohort:
+    """What a team may borrow: its cohort's quotas and usage summed over all of its teams
+    (this one included), and the team's own borrowing limits (None: no limit)."""
+
+    name: str
+    quota: Usage
+    used: Usage
+    limit_gpus: int | None = None
+    limit_tpus: int | None = None
+
+    def borrowable(self, plain: str) -> tuple[int, int, int | None]:
+        """(cohort quota, cohort usage, the team's limit) of ``GPU`` or ``TPU``."""
+        if plain == "GPU":
+            return self.quota.gpus, self.used.gpus, self.limit_gpus
+        return self.quota.tpus, self.used.tpus, self.limit_tpus
+
+
+@dataclass(frozen=True)
 class Admitted:
     """The request fits; ``usage`` is the team's usage with it included."""
 
@@ -118,8 +142,9 @@ def held_by(state: str, profile: Profile) -> Usage:
 
 
 def admit(quotas: Quotas, usage: Usage, demand: Usage, team_id: str, *,
-          contact: str | None = None) -> Admission:
-    """``usage + demand`` if it stays within ``quotas``, else the first counter it breaks.
+          contact: str | None = None, cohort: Cohort | None = None) -> Admission:
+    """``usage + demand`` if it stays within ``quotas`` (or, for GPUs and TPUs, within what
+    ``cohort`` lends), else the first counter it breaks.
 
     Only counters the demand increases are checked. ``contact`` (the team's, see
     ``Team.who_to_ask``) is named when the team has no quota at all for what it asks.
@@ -140,6 +165,11 @@ def admit(quotas: Quotas, usage: Usage, demand: Usage, team_id: str, *,
     ):
         if not _exceeds(used, needed, limit):
             continue
+        if cohort is not None:
+            refusal = _borrow(cohort, plain, unit, reason, team_id, used, needed, limit)
+            if refusal is None:
+                continue
+            return refusal
         if limit == 0:
             return Refusal(reason, f"team {team_id} has no {plain} quota: choose a profile "
                                    f"without {unit}, or ask {ask} for {plain} quota")
@@ -154,6 +184,22 @@ def admit(quotas: Quotas, usage: Usage, demand: Usage, team_id: str, *,
                        f"team {team_id} stores {stored} of snapshots{needs}: delete "
                        f"workspaces or snapshots you no longer need, {_WS_LIST}")
     return Admitted(usage + demand)
+
+
+def _borrow(cohort: Cohort, plain: str, unit: str, reason: RefusalReason, team_id: str,
+            used: int, needed: int, own: int) -> Refusal | None:
+    """None if the cohort lends what ``own`` quota lacks, else why not."""
+    total, in_use, limit = cohort.borrowable(plain)
+    over = used + needed - own
+    if limit is not None and over > limit:
+        return Refusal(reason, f"team {team_id} uses {used}/{own} {unit} and may borrow at "
+                               f"most {limit} from cohort {cohort.name}: pause or delete one, "
+                               f"{_WS_LIST}")
+    if in_use + needed > total:
+        return Refusal(reason, f"team {team_id} uses {used}/{own} {unit} and cohort "
+                               f"{cohort.name} has none idle to lend ({in_use}/{total} in "
+                               f"use): pause or delete one, {_WS_LIST}")
+    return None
 
 
 def release(usage: Usage, demand: Usage) -> Usage:

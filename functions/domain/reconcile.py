@@ -7,12 +7,16 @@ running the reconciler twice before the first repair lands has one effect. Sandb
 (:func:`sandbox_repairs`): a RUNNING one silent past its wall clock + grace ends
 ``runtime_lost``, which frees its team slot. Local jobs (:func:`lost_jobs`): a RUNNING one
 whose workspace's server has stopped since it started ends ``runtime_lost``, which gives
-the team's accelerators back.
+the team's accelerators back. A RUNNING workspace whose server the runtime no longer runs
+(a Spot VM reclaimed, a killed process) gets workspace.preempted ``server_lost``: the
+lifecycle pauses it from its latest snapshot (or fails it without one) and gives its quota
+back. Profiles with ``checkpoint_every_seconds`` get a checkpoint that often
+(:func:`checkpoints_due`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +26,9 @@ from events.payloads import (
     SandboxFinished,
     SnapshotFinished,
     WorkspaceDeleteRequested,
+    WorkspacePreempted,
     WorkspaceRuntimeFailed,
+    WorkspaceScheduled,
 )
 from functions.domain.jobs import Job, JobState
 from functions.domain.lifecycle import Reason, State, Workspace
@@ -36,7 +42,7 @@ STUCK_AFTER: Mapping[State, timedelta] = {
     State.DELETING: timedelta(minutes=5),
 }
 #: States in which no runtime process may exist.
-NOTHING_RUNS = frozenset({State.PAUSED, State.DELETED, State.FAILED})
+NOTHING_RUNS = frozenset({State.PAUSED, State.DELETED, State.FAILED, State.QUEUED})
 
 
 @dataclass(frozen=True)
@@ -81,18 +87,27 @@ class Plan:
     repairs: list[Repair] = field(default_factory=list)
     sandboxes: list[SandboxRepair] = field(default_factory=list)
     jobs: list[JobRepair] = field(default_factory=list)
+    #: What the scheduler's pass of the same run did (``functions.handlers.scheduler``).
+    schedule: dict[str, Any] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.repairs) or bool(self.sandboxes) or bool(self.jobs)
 
 
 def plan(workspaces: Iterable[Workspace], runtime: Mapping[str, RuntimeView], now: datetime,
-         stuck_after: Mapping[State, timedelta] = STUCK_AFTER) -> Plan:
+         stuck_after: Mapping[State, timedelta] = STUCK_AFTER, *,
+         observed_at: datetime | None = None) -> Plan:
+    """The repairs, ``runtime`` having been listed at ``observed_at`` (before the
+    workspaces were read: a server started since is not taken for lost)."""
     result = Plan()
     known: set[str] = set()
     for ws in workspaces:
         known.add(ws.id)
         view = runtime.get(ws.id)
+        if ws.state == State.RUNNING and (view is None or not view.running) and \
+                (view is None or view.operation is None):
+            result.repairs.append(_lost(ws, observed_at or now))
+            continue
         limit = stuck_after.get(ws.state)
         if limit is not None and ws.transition_started_at is not None:
             waited = now - ws.transition_started_at
@@ -109,6 +124,41 @@ def plan(workspaces: Iterable[Workspace], runtime: Mapping[str, RuntimeView], no
             result.repairs.append(Repair(ws_id, "a server runs for an unknown workspace",
                                          release=True))
     return result
+
+
+def _lost(ws: Workspace, seen: datetime) -> Repair:
+    """A RUNNING workspace the runtime no longer runs: its server vanished."""
+    why = "RUNNING, but the runtime no longer runs its server"
+    event = WorkspacePreempted(workspace_id=ws.id, node=ws.node or "unknown",
+                               preempted_at=seen.isoformat(), cause="server_lost",
+                               detail=f"the reconciler found it {why}")
+    return Repair(ws.id, why, event=event, event_id=f"reconcile-{ws.id}-v{ws.version}-lost")
+
+
+def checkpoints_due(workspaces: Iterable[Workspace], every: Mapping[str, int], now: datetime,
+                    *, memory_snapshots: Callable[[Workspace], bool] | None = None
+                    ) -> list[Repair]:
+    """A checkpoint for each RUNNING workspace whose profile takes one every ``every[profile]``
+    seconds, when that long has passed since its last one (or since it became RUNNING,
+    whose snapshot is as good) and none is in flight. None for a workspace whose memory
+    must not be snapshotted (``memory_snapshots(ws)``, by default what it recorded): the
+    transition would refuse every one (``memory_snapshots_off``), each refusal audited."""
+    allowed = memory_snapshots or (lambda ws: ws.memory_snapshots)
+    repairs = []
+    for ws in workspaces:
+        seconds = every.get(ws.profile)
+        if ws.state != State.RUNNING or not seconds or ws.pending_checkpoint:
+            continue
+        if not allowed(ws):  # a home-only workspace has no checkpoint to take
+            continue
+        since = ws.last_checkpoint_at or ws.updated_at
+        if since is not None and now - since < timedelta(seconds=seconds):
+            continue
+        event = WorkspaceScheduled(ws.id, ws.version, "checkpoint",
+                                   message=f"a checkpoint every {seconds // 60} min")
+        repairs.append(Repair(ws.id, f"checkpoint due (every {seconds}s)", event=event,
+                              event_id=f"reconcile-{ws.id}-v{ws.version}-checkpoint"))
+    return repairs
 
 
 def _unstick(ws: Workspace, waited: timedelta) -> Repair:

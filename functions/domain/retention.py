@@ -18,9 +18,28 @@ the team's override), first reason wins for each snapshot record:
    quota: its oldest unprotected snapshots expire until it fits. What cannot be freed
    (only protected snapshots are left) is reported as ``over_cap``.
 
+Shared parts: a ``kernel`` snapshot's data lives in its workspace's part pool
+(``snapshots/<team>/<workspace>/_parts/<digest>``), where the snapshots of that workspace
+share every part whose bytes did not change; the record lists the parts it uses. So a
+workspace holds the *distinct* bytes of its live records' parts, and that is what its team
+is charged (:func:`unshared_bytes` when a record is added or expires, :func:`held_bytes`
+in total); a record of the older format (no part list) holds its own ``bytes``. A part is
+deleted only when no live record uses it (:func:`deletable_parts`) and it was last written
+more than ``ORPHAN_MIN_AGE`` ago: a capture in progress writes every part it does not take
+from its base again (the base is the workspace's current snapshot, which cannot expire
+while it is), so a part it relies on is either referenced, or fresh. Deletions carry the
+generation the listing saw, so a part written again since is not deleted.
+
 Orphans, both ways (:func:`find_orphans`): objects under ``snapshots/<team>/<workspace>/
 <snapshot>/`` with no live record (never recorded, or a deletion that stopped half-way), and
-live records whose objects are gone. Objects younger than ``ORPHAN_MIN_AGE`` and the
+live records whose objects (manifest or parts) are gone.
+
+GKE Pod Snapshots (method ``pod``) are written where the team's PodSnapshotStorageConfig
+says, ``snapshots/<team>/pod/``, each under its own directory: the PodSnapshot's
+``status.storageStatus.gcs.observedGCSPath``, which is the record's ``uri``. A pod record's
+objects (:attr:`SnapshotRecord.prefix`) are there, measured there (its ``bytes``), expired
+and deleted there, and objects in that tree no live record points at are orphans like any
+other (:func:`stored_key` reads both layouts). Objects younger than ``ORPHAN_MIN_AGE`` and the
 snapshot a PAUSING workspace is writing are never orphans: the record of a snapshot is
 written after its objects. A protected record whose objects are gone is not expired but
 reported as ``unresumable``: an admin has to decide (the owner cannot resume it).
@@ -42,6 +61,8 @@ from functions.domain.lifecycle import State, Workspace
 #: Objects and records younger than this are never orphans (a snapshot being written).
 ORPHAN_MIN_AGE = timedelta(hours=1)
 SNAPSHOT_ROOT = "snapshots"
+#: The folder of a workspace's shared parts (``runtime.snapshot.layout.POOL``).
+PART_POOL = "_parts"
 _OLDEST = datetime.min.replace(tzinfo=UTC)
 
 
@@ -78,6 +99,12 @@ class SnapshotRecord:
     uri: str | None = None
     #: When it stopped using storage (expired or deleted); None while live.
     ended_at: datetime | None = None
+    #: The pool parts it uses, ``{name under the workspace's folder: bytes}``; None for a
+    #: record of the older format, whose objects are its own and weigh ``bytes``.
+    parts: Mapping[str, int] | None = None
+    manifest_sha256: str | None = None
+    #: ``kernel`` (the kernel agent's layout) or ``pod`` (GKE's, under ``uri``).
+    method: str = "kernel"
 
     @property
     def live(self) -> bool:
@@ -86,7 +113,21 @@ class SnapshotRecord:
 
     @property
     def prefix(self) -> str:
+        """Where its objects are: a Pod Snapshot's directory (its ``uri``), else the
+        kernel agent's ``snapshots/<team>/<workspace>/<snapshot>/``."""
+        if self.method == "pod" and self.uri:
+            found = pod_prefix(self.uri)
+            if found is not None:
+                return found
         return snapshot_prefix(self.workspace_id, self.id)
+
+    def units(self) -> dict[str, int]:
+        """What it holds in storage, ``{object name: bytes}``: its parts, or its whole
+        folder as one unit (older format)."""
+        if self.parts is None:
+            return {self.prefix: self.bytes}
+        root = workspace_root(self.workspace_id)
+        return {root + name: int(size) for name, size in self.parts.items()}
 
     @classmethod
     def from_doc(cls, snapshot_id: str, doc: Mapping[str, Any]) -> SnapshotRecord:
@@ -97,7 +138,9 @@ class SnapshotRecord:
                    expires_at=_aware(doc.get("expires_at")),
                    status=str(doc.get("status") or SnapshotStatus.READY),
                    profile=doc.get("profile"), uri=doc.get("uri"),
-                   ended_at=_aware(doc.get("expired_at") or doc.get("deleted_at")))
+                   ended_at=_aware(doc.get("expired_at") or doc.get("deleted_at")),
+                   parts=doc.get("parts"), manifest_sha256=doc.get("manifest_sha256"),
+                   method=str(doc.get("method") or "kernel"))
 
 
 @dataclass(frozen=True)
@@ -111,10 +154,26 @@ class StoredSnapshot:
     bytes: int = 0
     #: When the newest of its objects was written.
     updated: datetime | None = None
+    #: A Pod Snapshot's directory (``snapshots/<team>/pod/<dir>/``; its workspace is not
+    #: in the name); None: the kernel agent's layout.
+    object_prefix: str | None = None
 
     @property
     def prefix(self) -> str:
-        return snapshot_prefix(self.workspace_id, self.snapshot_id)
+        return self.object_prefix or snapshot_prefix(self.workspace_id, self.snapshot_id)
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """One object of a workspace's part pool, as the listing saw it."""
+
+    team: str
+    workspace_id: str
+    name: str
+    bytes: int = 0
+    updated: datetime | None = None
+    #: The object's generation when listed: a deletion is conditional on it.
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,18 +210,69 @@ class Orphans:
     unresumable: list[tuple[str, str]] = field(default_factory=list)
 
 
+def workspace_root(workspace_id: str) -> str:
+    """``snapshots/<team>/<workspace>/``: every snapshot object of a workspace."""
+    team = workspace_id.split(WORKSPACE_SEPARATOR)[0]
+    return f"{SNAPSHOT_ROOT}/{team}/{workspace_id}/"
+
+
 def snapshot_prefix(workspace_id: str, snapshot_id: str) -> str:
     """``snapshots/<team>/<workspace>/<snapshot>/``: where the runtime writes a snapshot."""
-    team = workspace_id.split(WORKSPACE_SEPARATOR)[0]
-    return f"{SNAPSHOT_ROOT}/{team}/{workspace_id}/{snapshot_id}/"
+    return f"{workspace_root(workspace_id)}{snapshot_id}/"
+
+
+def part_names(parts: Mapping[str, int], workspace_id: str) -> dict[str, int]:
+    """``parts`` as a record keeps them: names relative to the workspace's folder (a
+    manifest names them in full; a record of a few thousand parts stays small)."""
+    root = workspace_root(workspace_id)
+    return {name.removeprefix(root): int(size) for name, size in parts.items()}
+
+
+#: The directory of a team's Pod Snapshots under ``snapshots/<team>/`` (the storage config's
+#: path, ``functions.kubernetes.objects.podsnapshot``); no workspace id is this (ids are
+#: ``<team>--<name>``).
+POD_DIR = "pod"
+
+
+def pod_prefix(uri: str) -> str | None:
+    """The object prefix of a Pod Snapshot's ``gs://<bucket>/snapshots/<team>/pod/<dir>``,
+    or None for a URI outside a team's Pod Snapshot tree."""
+    path = uri.removeprefix("gs://").partition("/")[2].strip("/")
+    parts = path.split("/")
+    if len(parts) != 4 or parts[0] != SNAPSHOT_ROOT or parts[2] != POD_DIR or not all(parts):
+        return None
+    return path + "/"
+
+
+def stored_key(name: str) -> tuple[str, str, str, str | None] | None:
+    """(team, workspace id, snapshot id, Pod Snapshot prefix or None) of an object under
+    ``snapshots/``: a Pod Snapshot's ``snapshots/<team>/pod/<dir>/...`` (no workspace, the
+    directory as its id), else the kernel layout (:func:`parse_object_name`)."""
+    parts = name.split("/")
+    if len(parts) >= 5 and parts[0] == SNAPSHOT_ROOT and parts[2] == POD_DIR and \
+            parts[1] and parts[3]:
+        return parts[1], "", parts[3], "/".join(parts[:4]) + "/"
+    found = parse_object_name(name)
+    return (*found, None) if found is not None else None
 
 
 def parse_object_name(name: str) -> tuple[str, str, str] | None:
-    """(team, workspace id, snapshot id) of an object under ``snapshots/``, else None."""
+    """(team, workspace id, snapshot id) of an object under ``snapshots/``, else None
+    (a part of a workspace's pool is no snapshot's: :func:`parse_part_name`)."""
     parts = name.split("/")
     if len(parts) < 5 or parts[0] != SNAPSHOT_ROOT or not all(parts[1:4]):
         return None
+    if parts[3] == PART_POOL:
+        return None
     return parts[1], parts[2], parts[3]
+
+
+def parse_part_name(name: str) -> tuple[str, str] | None:
+    """(team, workspace id) of an object of a workspace's part pool, else None."""
+    parts = name.split("/")
+    if len(parts) != 5 or parts[0] != SNAPSHOT_ROOT or parts[3] != PART_POOL:
+        return None
+    return (parts[1], parts[2]) if all(parts[1:5]) else None
 
 
 def deletes_with_workspace(catalog: Catalog, team: str, profile: str) -> bool:
@@ -235,14 +345,18 @@ def plan(records: Iterable[SnapshotRecord], workspaces: Mapping[str, Workspace],
 
 def find_orphans(records: Iterable[SnapshotRecord], stored: Iterable[StoredSnapshot],
                  workspaces: Mapping[str, Workspace], now: datetime,
-                 min_age: timedelta = ORPHAN_MIN_AGE) -> Orphans:
-    """Objects without a live record, and live records without objects."""
+                 min_age: timedelta = ORPHAN_MIN_AGE,
+                 parts: Iterable[StoredPart] = ()) -> Orphans:
+    """Objects without a live record, and live records without their objects (their
+    folder, or one of the pool ``parts`` they use)."""
     result = Orphans()
     by_id = {r.id: r for r in records}
+    by_prefix = {r.prefix: r for r in by_id.values() if r.live}
+    pooled = {p.name for p in parts}
     present: set[str] = set()
     for snap in stored:
-        record = by_id.get(snap.snapshot_id)
-        if record is not None and record.live and record.workspace_id == snap.workspace_id:
+        record = by_prefix.get(snap.prefix)
+        if record is not None:
             present.add(record.id)
             continue
         ws = workspaces.get(snap.workspace_id)
@@ -252,7 +366,12 @@ def find_orphans(records: Iterable[SnapshotRecord], stored: Iterable[StoredSnaps
             continue
         result.objects.append(snap)
     for record in by_id.values():
-        if not record.live or record.id in present:
+        if not record.live:
+            continue
+        missing = [] if record.id in present else [record.prefix]
+        if record.parts is not None:
+            missing += [name for name in record.units() if name not in pooled]
+        if not missing:
             continue
         if record.created_at is not None and now - record.created_at < min_age:
             continue
@@ -260,18 +379,43 @@ def find_orphans(records: Iterable[SnapshotRecord], stored: Iterable[StoredSnaps
         if protection(record, ws) is not None:
             result.unresumable.append((record.workspace_id, record.id))
             continue
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         result.records.append(Expiry(record, ExpiryReason.OBJECTS_MISSING,
-                                     f"no objects under {record.prefix}"))
+                                     f"no objects at {missing[0]}{more}"))
     return result
 
 
-def live_bytes_by_team(records: Iterable[SnapshotRecord]) -> dict[str, int]:
-    """Snapshot bytes each team holds according to the records (to check the counters)."""
-    totals: dict[str, int] = defaultdict(int)
+def _units_of_others(record: SnapshotRecord, others: Iterable[SnapshotRecord]) -> set[str]:
+    return {name for other in others
+            if other.live and other.id != record.id and other.workspace_id == record.workspace_id
+            for name in other.units()}
+
+
+def unshared_bytes(record: SnapshotRecord, others: Iterable[SnapshotRecord]) -> int:
+    """Bytes of ``record``'s objects that no other live record of its workspace uses:
+    what recording it adds to its team's usage, and what expiring it releases."""
+    shared = _units_of_others(record, others)
+    return sum(size for name, size in record.units().items() if name not in shared)
+
+
+def held_bytes(records: Iterable[SnapshotRecord]) -> dict[str, int]:
+    """Snapshot bytes each team holds according to its live records, each shared part
+    counted once: what the usage counters should say."""
+    units: dict[str, dict[str, int]] = defaultdict(dict)
     for record in records:
         if record.live:
-            totals[record.team] += record.bytes
-    return dict(totals)
+            units[record.team].update(record.units())
+    return {team: sum(found.values()) for team, found in units.items()}
+
+
+def deletable_parts(parts: Iterable[StoredPart], records: Iterable[SnapshotRecord],
+                    now: datetime, min_age: timedelta = ORPHAN_MIN_AGE) -> list[StoredPart]:
+    """The pool parts no live record uses, last written more than ``min_age`` ago (a
+    capture in progress writes the parts it needs again; see the module docstring)."""
+    used = {name for record in records if record.live for name in record.units()}
+    return [part for part in parts
+            if part.name not in used
+            and (part.updated is None or now - part.updated >= min_age)]
 
 
 def _cap_team_bytes(live: list[SnapshotRecord], expired: set[str],
@@ -286,17 +430,21 @@ def _cap_team_bytes(live: list[SnapshotRecord], expired: set[str],
         if team is None:
             continue
         cap = team.quotas.snapshot_bytes
-        total = sum(r.bytes for r in group)
+        total = held_bytes(group).get(team_id, 0)
+        left = list(group)
         for record in sorted(group, key=_oldest_first):
             if total <= cap:
                 break
-            if protection(record, workspaces.get(record.workspace_id)) is not None or \
-                    record.bytes == 0:
+            if protection(record, workspaces.get(record.workspace_id)) is not None:
                 continue
+            freed = unshared_bytes(record, left)
+            if freed == 0:
+                continue  # every byte of it is used by another snapshot: nothing to gain
             expire(record, ExpiryReason.TEAM_BYTES,
                    f"team {team_id} holds {human_bytes(total)} of snapshots, more than its "
                    f"{human_bytes(cap)}; the oldest go first")
-            total -= record.bytes
+            left.remove(record)
+            total -= freed
         if total > cap:
             result.over_cap[team_id] = total - cap
 
@@ -334,6 +482,7 @@ def _aware(value: Any) -> datetime | None:
 
 __all__ = [
     "ORPHAN_MIN_AGE",
+    "PART_POOL",
     "Expiry",
     "ExpiryReason",
     "Kept",
@@ -341,13 +490,21 @@ __all__ = [
     "RetentionPlan",
     "SnapshotRecord",
     "SnapshotStatus",
+    "StoredPart",
     "StoredSnapshot",
+    "deletable_parts",
     "deletes_with_workspace",
     "find_orphans",
-    "live_bytes_by_team",
+    "held_bytes",
     "may_expire",
     "parse_object_name",
+    "parse_part_name",
+    "part_names",
     "plan",
+    "pod_prefix",
     "protection",
     "snapshot_prefix",
+    "stored_key",
+    "unshared_bytes",
+    "workspace_root",
 ]

@@ -32,7 +32,10 @@ diff against the base ref for review (never applied automatically). Its life:
 - **Network**: none by default. A destination is permitted when it equals a policy entry,
   falls under a ``*.suffix`` entry, or (an address or CIDR) lies inside a policy CIDR.
 
-Everything here is a function of its inputs and ``now``; the handler loads and persists.
+Each decision (:class:`Decision`) also carries what the runtime must do (start, resume,
+suspend, clean up, release: the commands below) and a sandbox.state_changed for every
+record whose state it changes. Everything here is a function of its inputs and ``now``;
+the handler loads and persists.
 """
 
 from __future__ import annotations
@@ -47,7 +50,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from events.payloads import SandboxFinished, SandboxIdleDetected, SandboxSuspended
+from events.payloads import (
+    SandboxFinished,
+    SandboxIdleDetected,
+    SandboxStateChanged,
+    SandboxSuspended,
+)
 from functions.domain.catalog import Problem, Role, Team, human_bytes, parse_quantity
 
 
@@ -531,9 +539,25 @@ class Request:
     reply_to: str | None = None
 
 
+# Commands: what the sandbox runtime is asked to do once the decision is committed.
 @dataclass(frozen=True)
-class SuspendCommand:
-    """Suspend a running sandbox: its ``sequence``-th suspension, after ``idle_seconds``."""
+class StartSandbox:
+    """Start an admitted (or promoted) sandbox."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class ResumeSandbox:
+    """Let a suspended sandbox that got a slot go on."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class SuspendSandbox:
+    """Suspend a running sandbox: its ``sequence``-th suspension, after ``idle_seconds``
+    (on a runtime that only reports idleness, like a cluster)."""
 
     sandbox_id: str
     team: str
@@ -542,13 +566,35 @@ class SuspendCommand:
 
 
 @dataclass(frozen=True)
+class CleanUpSandbox:
+    """Free what an ended sandbox still holds on its runtime (a cluster's Pod, Secret,
+    policies and bundle)."""
+
+    sandbox_id: str
+    team: str
+
+
+@dataclass(frozen=True)
+class ReleaseSandbox:
+    """Free the compute of a suspended sandbox whose state a Pod Snapshot keeps."""
+
+    sandbox_id: str
+    team: str
+
+
+Command = StartSandbox | ResumeSandbox | SuspendSandbox | CleanUpSandbox | ReleaseSandbox
+#: A suspension whose state lives in a Pod Snapshot: the Pod itself can go.
+POD_METHOD = "pod"
+
+
+@dataclass(frozen=True)
 class Decision:
-    """What to write and what to start.
+    """What to write, what the runtime must do, and what changed.
 
     ``sandboxes``: records to write (the subject first, then promoted ones); ``queue``: the
-    team's new queue (None: unchanged); ``start``: ids the runtime must start now, in
-    order; ``resume``: suspended ids the runtime must resume now; ``positions``: every
-    still-queued id with its new 1-based position and message.
+    team's new queue (None: unchanged); ``positions``: every still-queued id with its new
+    1-based position and message; ``commands``: for the runtime, in order; ``events``: a
+    sandbox.state_changed for each record whose state changed.
     """
 
     accepted: bool
@@ -556,16 +602,51 @@ class Decision:
     message: str
     sandboxes: tuple[Sandbox, ...] = ()
     queue: TeamQueue | None = None
-    start: tuple[str, ...] = ()
     positions: tuple[tuple[str, int, str], ...] = ()
-    resume: tuple[str, ...] = ()
-    #: Running sandboxes the runtime must suspend now (idle on a runtime that only
-    #: reports idleness, like a cluster).
-    suspend: tuple[SuspendCommand, ...] = ()
+    commands: tuple[Command, ...] = ()
+    events: tuple[SandboxStateChanged, ...] = ()
 
     @property
     def subject(self) -> Sandbox | None:
         return self.sandboxes[0] if self.sandboxes else None
+
+    @property
+    def start(self) -> tuple[str, ...]:
+        """The ids the runtime must start now, in order."""
+        return tuple(c.sandbox_id for c in self.commands if isinstance(c, StartSandbox))
+
+    @property
+    def resume(self) -> tuple[str, ...]:
+        """The suspended ids the runtime must resume now."""
+        return tuple(c.sandbox_id for c in self.commands if isinstance(c, ResumeSandbox))
+
+    @property
+    def suspend(self) -> tuple[SuspendSandbox, ...]:
+        return tuple(c for c in self.commands if isinstance(c, SuspendSandbox))
+
+    def outcome(self) -> dict[str, Any]:
+        """What the request's ledger entry says (a link's ``POST .../sandboxes`` reads it)."""
+        subject = self.subject
+        return {"accepted": self.accepted, "reason": str(self.reason), "message": self.message,
+                "state": str(subject.state) if subject is not None else None,
+                "queue_position": subject.queue_position if subject is not None else None,
+                "started": list(self.start), "resumed": list(self.resume)}
+
+
+def changed(before: SandboxState | None, after: Sandbox,
+            suspension: SandboxSuspended | None = None) -> SandboxStateChanged:
+    """The sandbox.state_changed of ``after``, which was ``before`` (None: a new record);
+    a suspension carries what the runtime reported about it."""
+    change = SandboxStateChanged(
+        sandbox_id=after.id, team=after.team, requester=after.requester,
+        from_state=str(before) if before is not None else None, to_state=str(after.state),
+        reason=after.reason, version=after.version, message=after.message)
+    if suspension is None:
+        return change
+    return dataclasses.replace(
+        change, idle_seconds=suspension.idle_seconds, method=suspension.method,
+        checkpoint_uri=suspension.checkpoint_uri,
+        checkpoint_files=len(suspension.files_changed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -586,7 +667,8 @@ def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusa
     if refusal is not None:
         record = _record(request, DEFAULT_LIMITS, SandboxState.FAILED, refusal.reason,
                          f"refused: {refusal.message}", now)
-        return Decision(False, refusal.reason, record.message, (record,))
+        return Decision(False, refusal.reason, record.message, (record,),
+                        events=(changed(None, record),))
     assert isinstance(policy, SandboxPolicy)
     limits = resolve_limits(request.limits, policy, request.team)
     assert isinstance(limits, Limits)  # checked by _refusal
@@ -594,7 +676,8 @@ def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusa
         message = (f"refused: team {request.team} already has {len(queue.queued)} sandboxes "
                    f"waiting (the policy's max_queued); try again when some have finished")
         record = _record(request, limits, SandboxState.FAILED, Reason.QUEUE_FULL, message, now)
-        return Decision(False, Reason.QUEUE_FULL, message, (record,))
+        return Decision(False, Reason.QUEUE_FULL, message, (record,),
+                        events=(changed(None, record),))
     waiting = TeamQueue(queue.running, (*queue.queued, request.sandbox_id))
     filled, promoted = _fill(waiting, policy)
     if request.sandbox_id in promoted:
@@ -610,8 +693,10 @@ def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusa
             _record(request, limits, SandboxState.QUEUED, Reason.QUEUED, message, now),
             queue_position=position)
     return Decision(True, Reason(record.reason), message, (record,), filled,
-                    start=tuple(p for p in promoted if p == request.sandbox_id),
-                    positions=_positions(request.team, filled, policy))
+                    positions=_positions(request.team, filled, policy),
+                    commands=tuple(StartSandbox(p) for p in promoted
+                                   if p == request.sandbox_id),
+                    events=(changed(None, record),))
 
 
 def _refusal(request: Request, team: Team | None,
@@ -733,37 +818,45 @@ def finish(sandbox: Sandbox | None, report: SandboxFinished, *, policy: SandboxP
     # A sandbox suspended with its resume queued leaves the queue as well.
     freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id),
                       tuple(q for q in queue.queued if q != sandbox.id))
-    return _released(ended, reason, freed, policy, load, now)
+    # What it held on the runtime goes once its end is recorded.
+    return _released(ended, changed(sandbox.state, ended), reason, freed, policy, load, now,
+                     first=(CleanUpSandbox(sandbox.id, sandbox.team),))
 
 
-def _released(subject: Sandbox, reason: Reason, freed: TeamQueue,
+def _released(subject: Sandbox, change: SandboxStateChanged, reason: Reason, freed: TeamQueue,
               policy: SandboxPolicy | Refusal, load: Callable[[str], Sandbox | None],
-              now: datetime) -> Decision:
+              now: datetime, *, first: tuple[Command, ...] = ()) -> Decision:
     """``subject`` gave up its slot: fill the free slots from the queue, first come first
-    served, starting queued sandboxes and resuming suspended ones."""
+    served, starting queued sandboxes and resuming suspended ones (after ``first``)."""
     # A broken policy must not strand the queue: promote under the default cap.
     cap = policy if isinstance(policy, SandboxPolicy) else DEFAULT_POLICY
     filled, promoted = _promote(freed, cap, load, now)
-    return Decision(True, reason, subject.message, (subject, *promoted), filled,
-                    start=tuple(p.id for p in promoted if p.reason == Reason.PROMOTED),
-                    resume=tuple(p.id for p in promoted if p.reason == Reason.RESUMED),
-                    positions=_positions(subject.team, filled, cap))
+    records = tuple(after for _before, after in promoted)
+    return Decision(True, reason, subject.message, (subject, *records), filled,
+                    positions=_positions(subject.team, filled, cap),
+                    commands=(*first,
+                              *(StartSandbox(p.id) for p in records
+                                if p.reason == Reason.PROMOTED),
+                              *(ResumeSandbox(p.id) for p in records
+                                if p.reason == Reason.RESUMED)),
+                    events=(change, *(changed(before, after) for before, after in promoted)))
 
 
 def _promote(queue: TeamQueue, policy: SandboxPolicy, load: Callable[[str], Sandbox | None],
-             now: datetime) -> tuple[TeamQueue, list[Sandbox]]:
+             now: datetime) -> tuple[TeamQueue, list[tuple[SandboxState, Sandbox]]]:
+    """The queue with its free slots filled, and each promoted record with its state before."""
     filled, promoted_ids = _fill(queue, policy)
-    promoted: list[Sandbox] = []
+    promoted: list[tuple[SandboxState, Sandbox]] = []
     for sandbox_id in promoted_ids:
         waiting = load(sandbox_id)
         if waiting is not None and waiting.state == SandboxState.QUEUED:
-            promoted.append(dataclasses.replace(
+            promoted.append((waiting.state, dataclasses.replace(
                 waiting, state=SandboxState.RUNNING, reason=str(Reason.PROMOTED),
                 version=waiting.version + 1, started_at=now, queue_position=None,
                 message=f"running after {_waited(waiting, now)} in the queue; limits "
-                        f"{waiting.limits.describe()}"))
+                        f"{waiting.limits.describe()}")))
         elif waiting is not None and waiting.state == SandboxState.SUSPENDED:
-            promoted.append(_resumed(waiting, now, queued=True))
+            promoted.append((waiting.state, _resumed(waiting, now, queued=True)))
         else:
             # A queue entry without its waiting record (should not happen): drop it.
             filled = TeamQueue(tuple(r for r in filled.running if r != sandbox_id),
@@ -825,7 +918,11 @@ def suspend(sandbox: Sandbox | None, report: SandboxSuspended, *, policy: Sandbo
         cpu_seconds=max(sandbox.cpu_seconds, report.cpu_seconds))
     held = dataclasses.replace(held, message=suspended_message(held, report))
     freed = TeamQueue(tuple(r for r in queue.running if r != sandbox.id), queue.queued)
-    return _released(held, Reason.SUSPENDED_IDLE, freed, policy, load, now)
+    # A Pod Snapshot keeps the state: the Pod itself can go (a local freeze holds it).
+    release = ((ReleaseSandbox(sandbox.id, sandbox.team),) if report.method == POD_METHOD
+               else ())
+    return _released(held, changed(sandbox.state, held, report), Reason.SUSPENDED_IDLE, freed,
+                     policy, load, now, first=release)
 
 
 def idle_detected(sandbox: Sandbox | None, report: SandboxIdleDetected) -> Decision:
@@ -865,8 +962,8 @@ def idle_detected(sandbox: Sandbox | None, report: SandboxIdleDetected) -> Decis
     return Decision(True, Reason.SUSPENDING_IDLE,
                     f"sandbox {sandbox.id} idle {report.idle_seconds} s (limit {limit} s): "
                     f"suspending it (suspension {sequence})",
-                    suspend=(SuspendCommand(sandbox.id, sandbox.team, sequence,
-                                            report.idle_seconds),))
+                    commands=(SuspendSandbox(sandbox.id, sandbox.team, sequence,
+                                             report.idle_seconds),))
 
 
 def suspended_message(sandbox: Sandbox, report: SandboxSuspended) -> str:
@@ -915,7 +1012,9 @@ def request_resume(sandbox: Sandbox | None, sandbox_id: str, requester: str, *,
     if sandbox.id in promoted:
         record = _resumed(sandbox, now, queued=False)
         return Decision(True, Reason.RESUMED, record.message, (record,), filled,
-                        resume=(sandbox.id,), positions=_positions(sandbox.team, filled, cap))
+                        positions=_positions(sandbox.team, filled, cap),
+                        commands=(ResumeSandbox(sandbox.id),),
+                        events=(changed(sandbox.state, record),))
     position = filled.position(sandbox.id) or 0
     record = dataclasses.replace(
         sandbox, reason=str(Reason.RESUME_QUEUED), version=sandbox.version + 1,

@@ -15,15 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from functions.domain import cost
-from functions.domain.cost import Transition
+from functions.domain.cost import LIFECYCLE_ACTIONS, Transition
 from functions.handlers.deps import Deps
-
-#: Audit actions of the lifecycle (other handlers audit into the same collection).
-LIFECYCLE_ACTIONS = frozenset({
-    "workspace.requested", "workspace.ready", "workspace.runtime_failed",
-    "workspace.pause_requested", "snapshot.finished", "workspace.resume_requested",
-    "workspace.delete_requested",
-})
 
 
 def rollup(deps: Deps, *, team: str | None = None, write: bool = True) -> list[dict[str, Any]]:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from functions.ports import Bus, Runtime
+from functions.ports import Bus, Ledger, Runtime
 
 
-class Store(Protocol):
-    def transition(self, event: Any, consumer: str, workspace_id: str, decide: Any, *,
-                   team: str | None = None, now: datetime) -> Any: ...
-
-    def mark_done(self, key: str) -> None: ...
+class Store(Ledger, Protocol):
+    """The workspace documents, the delivery counts, and the ledger through which every
+    state change of every family commits (``functions.handlers.pipeline``)."""
 
     def get_workspace(self, workspace_id: str) -> Any: ...
 
@@ -23,6 +21,9 @@ class Store(Protocol):
 
     def count_failure(self, message_id: str, consumer: str, reason: str,
                       now: datetime) -> int: ...
+
+    def audit(self, entry: Mapping[str, Any]) -> None:
+        """One audit entry outside any transaction (a refusal before any handler ran)."""
 
 
 class Snapshots(Protocol):
@@ -36,6 +37,18 @@ class Snapshots(Protocol):
 
     def stored(self) -> list[Any]:
         """What Cloud Storage holds, per snapshot prefix (the janitor's orphan check)."""
+        ...
+
+    def inventory(self) -> tuple[list[Any], list[Any]]:
+        """``(stored(), every pool part)`` from one listing."""
+        ...
+
+    def parts(self, workspace_id: str) -> list[Any]:
+        """The parts of one workspace's pool (``retention.StoredPart``)."""
+        ...
+
+    def delete_parts(self, parts: list[Any]) -> int:
+        """Delete pool parts at the generation listed; returns how many."""
         ...
 
     def delete_prefix(self, prefix: str) -> int:
@@ -75,6 +88,7 @@ class DeadLetters(Protocol):
 
 @dataclass
 class Deps:
+    #: The workspaces and the ledger (``functions.adapters.firestore_store.FirestoreStore``).
     store: Store
     bus: Bus
     runtime: Runtime
@@ -89,7 +103,11 @@ class Deps:
     chat: Any = None
     #: Agent sandboxes (``functions.handlers.sandbox_ports.SandboxDeps``; None: not run).
     sandboxes: Any = None
-    #: Scale-out jobs (``functions.adapters.job_store.FirestoreJobStore``; None: not run).
+    #: Scale-out jobs' reads (``functions.adapters.job_store.FirestoreJobStore``; None:
+    #: not run).
     jobs: Any = None
     #: Where admitted kubernetes jobs run (``functions.ports.JobRuntime``; None: nowhere).
     job_runtime: Any = None
+    #: The IDE access proxy's public URL (``STASIS_IDE_PROXY_URL``): a running workspace's
+    #: ``url`` is ``<it>/w/<id>/``. None: the runtime's own URL.
+    ide_proxy_url: str | None = None

@@ -12,10 +12,12 @@ No write storms (kubeflow#6767): the sweep READS the RUNNING workspaces (one que
 indexed ``state``), asks the runtime only about those whose policy could pause them by now
 (``idle.needs_signals``), writes nothing, and publishes workspace.idle_detected only for
 the ones the policy would pause. The handler re-reads the workspace (the sweep's view may
-be stale: a resume in between), evaluates again, and publishes workspace.pause_requested
-(cause ``idle``, or ``schedule`` for the maximum age, with the reason in words) under a
-requestid derived from the workspace's version, so the lifecycle's ledger turns repeated
-sweeps into one pause. A sweep in which nothing is idle writes nothing at all.
+be stale: a resume in between), evaluates again (a GPU-idle alert of cluster monitoring,
+cause ``gpu_idle``, with the kernels' state it asks the runtime for), and publishes
+workspace.pause_requested (cause ``idle``, or ``schedule`` for the maximum age, with the
+reason in words) under a requestid derived from the workspace's version, so the
+lifecycle's ledger turns repeated sweeps into one pause. A sweep in which nothing is idle
+writes nothing at all.
 """
 
 from __future__ import annotations
@@ -96,15 +98,29 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> IdleVerdict | None:
     if ws is None or profile is None:
         log.info("idle_detected for %s: no workspace or profile, ignored", payload.workspace_id)
         return None
-    verdict = idle.evaluate(ws, profile.idle_policy, Signals.from_event(payload), deps.clock())
-    log.info("idle_detected for %s: %s (%s)", ws.id, verdict.reason, verdict.message)
+    now = deps.clock()
+    signals: Signals | None = Signals.from_event(payload)
+    if payload.cause == idle.GPU_IDLE:  # monitoring saw the GPU only: ask for the kernels
+        signals = idle.corroborated(Signals.from_event(payload),
+                                    _runtime_signals(deps, ws.id, now))
+    verdict = idle.evaluate(ws, profile.idle_policy, signals, now)
+    log.info("idle_detected (%s) for %s: %s (%s)", payload.cause, ws.id, verdict.reason,
+             verdict.message)
     if verdict.pause:
         requestid = idle.pause_request_id(ws)
+        detail = f"{verdict.message}; {payload.evidence}" if payload.evidence else verdict.message
         deps.bus.publish(new_event(
             WorkspacePauseRequested(workspace_id=ws.id, actor=idle.ACTOR, cause=verdict.cause,
-                                    detail=verdict.message),
+                                    detail=detail[:1000]),
             source=SOURCE, id=requestid, requestid=requestid))
     return verdict
+
+
+def _runtime_signals(deps: Deps, ws_id: str, now: datetime) -> Signals | None:
+    """What the runtime says of the kernels now (None where it cannot say)."""
+    source: ActivitySource | None = getattr(deps.runtime, "activity", None)
+    data = source(ws_id) if source is not None else None
+    return Signals.from_activity(data, now) if data else None
 
 
 def detected(ws: Workspace, signals: Signals | None, now: datetime) -> WorkspaceIdleDetected:

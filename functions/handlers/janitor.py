@@ -11,16 +11,20 @@ mode      what it changes
 report    nothing (``stasis janitor``): what retention would expire, every orphan
 policy    retention is enforced: each expiring snapshot becomes a snapshot.expired event
           (the scheduled run; Firestore TTL does not run on the emulator, and even on GCP
-          it would drop the record without deleting objects or releasing bytes)
+          it would drop the record without deleting objects or releasing bytes), and the
+          pool parts no live snapshot uses any more are deleted
 fix       policy, and orphans are repaired (``stasis janitor --fix``): objects without a
           live record are deleted, live records without objects expire (their bytes are
           released), servers without a live workspace are released
 ========= ================================================================================
 
 snapshot.expired is handled by :func:`handle_expired`: check the record may go (it is not
-the snapshot a live workspace resumes from), delete its objects, then mark the record
-expired and release its bytes from the team's usage counter in one transaction. Each step
-is idempotent, so a redelivery finishes what a crash interrupted.
+the snapshot a live workspace resumes from), delete its folder (the manifest), mark the
+record expired and release the bytes no other snapshot of the workspace shares from the
+team's usage counter in one transaction, then delete the pool parts no live snapshot uses
+(``retention.deletable_parts``: not those written in the last hour, which a capture in
+progress may need). Each step is idempotent, so a redelivery finishes what a crash
+interrupted; parts left behind are the next janitor pass's.
 
 Servers without a live workspace come from the reconciler's own plan
 (``functions.domain.reconcile.plan``, its release repairs): one rule, two callers.
@@ -53,9 +57,10 @@ def run(deps: Deps, *, mode: str = "report") -> dict[str, Any]:
     catalog = deps.catalog()
     workspaces = {ws.id: ws for ws in deps.fleet.workspaces()}
     records: list[SnapshotRecord] = deps.fleet.snapshot_records()
-    stored = deps.snapshots.stored()
+    stored, parts = deps.snapshots.inventory()
     expiring = retention.plan(records, workspaces, catalog, now)
-    orphans = retention.find_orphans(records, stored, workspaces, now)
+    orphans = retention.find_orphans(records, stored, workspaces, now, parts=parts)
+    unused = retention.deletable_parts(parts, records, now)
     errors: list[str] = []
     try:
         views = {s.workspace_id: reconcile.RuntimeView(s.running, s.operation)
@@ -65,9 +70,11 @@ def run(deps: Deps, *, mode: str = "report") -> dict[str, Any]:
     except RuntimeUnavailable as exc:
         processes = []
         errors.append(f"runtime: {exc}")
-    done: dict[str, int] = {"expiry_events": 0, "objects_deleted": 0, "released": 0}
+    done: dict[str, int] = {"expiry_events": 0, "objects_deleted": 0, "parts_deleted": 0,
+                            "released": 0}
     if mode in ("policy", "fix"):
         done["expiry_events"] += _publish(deps, expiring.expiries, errors)
+        done["parts_deleted"] += deps.snapshots.delete_parts(unused)
     if mode == "fix":
         done["expiry_events"] += _publish(deps, orphans.records, errors)
         for snap in orphans.objects:
@@ -78,7 +85,12 @@ def run(deps: Deps, *, mode: str = "report") -> dict[str, Any]:
                 done["released"] += 1
             except RuntimeUnavailable as exc:
                 errors.append(f"release {repair.workspace_id}: {exc}")
-    counted = retention.live_bytes_by_team(records)
+    counted = retention.held_bytes(records)
+    by_workspace: dict[str, dict[str, int]] = {}
+    for part in unused:
+        summary = by_workspace.setdefault(part.workspace_id, {"parts": 0, "bytes": 0})
+        summary["parts"] += 1
+        summary["bytes"] += part.bytes
     teams = deps.fleet.teams()
     drift = {team: {"usage": int(((doc.get("usage") or {}).get("snapshot_bytes")) or 0),
                     "records": counted.get(team, 0)}
@@ -94,6 +106,8 @@ def run(deps: Deps, *, mode: str = "report") -> dict[str, Any]:
         "orphan_objects": [{"prefix": s.prefix, "objects": s.objects, "bytes": s.bytes}
                            for s in orphans.objects],
         "orphan_records": [_expiry(e) for e in orphans.records],
+        # Pool parts no live snapshot uses (deleted in policy and fix modes).
+        "unused_parts": by_workspace,
         "unresumable": [{"workspace_id": w, "snapshot_id": s} for w, s in orphans.unresumable],
         "orphan_processes": [{"workspace_id": r.workspace_id, "why": r.why} for r in processes],
         # Records and counters that disagree: reported only; the counters move in the
@@ -123,9 +137,18 @@ def handle_expired(event: Event[Any], deps: Deps, consumer: str) -> int:
         log.warning("snapshot.expired for %s refused: %s", record.id, refusal)
         return 0
     deps.snapshots.delete_prefix(record.prefix)
+    forget = getattr(deps.runtime, "forget_snapshot", None)
+    if record.method == "pod" and forget is not None:
+        # GKE's PodSnapshot object goes with its objects, through the API.
+        forget(record.workspace_id, record.id)
     released = deps.fleet.expire_snapshot(
         record.id, reason=payload.reason, message=_message(payload), now=deps.clock(),
         guard=retention.protection)
+    if record.parts is not None:
+        pool = deps.snapshots.parts(record.workspace_id)
+        siblings = [r for r in deps.fleet.snapshot_records(record.team)
+                    if r.workspace_id == record.workspace_id]
+        deps.snapshots.delete_parts(retention.deletable_parts(pool, siblings, deps.clock()))
     log.info("snapshot %s expired (%s): %d bytes released", record.id, payload.reason, released)
     return released
 

@@ -6,7 +6,10 @@ process, asks the runtime what it runs, and acts on the pure plan of
 functions.domain.reconcile: repairs are published as events, orphans are released.
 RUNNING sandboxes past their wall clock + grace get a sandbox.finished ``runtime_lost``.
 RUNNING local jobs whose workspace's server stopped get a job.finished ``runtime_lost``,
-and so do RUNNING kubernetes jobs that have had no JobSet for 5 minutes.
+and so do RUNNING kubernetes jobs that have had no JobSet for 5 minutes. RUNNING
+workspaces whose server vanished get workspace.preempted ``server_lost``, checkpoints come
+due by their profile's policy, and a scheduler pass looks at the queue (queued requests
+past their maximum wait fail there).
 """
 
 from __future__ import annotations
@@ -20,27 +23,44 @@ from functions.domain.lifecycle import State
 from functions.domain.reconcile import (
     Plan,
     RuntimeView,
+    checkpoints_due,
     lost_cluster_jobs,
     lost_jobs,
     plan,
     sandbox_repairs,
 )
 from functions.domain.sandboxes import SandboxState
+from functions.handlers import scheduler
 from functions.handlers.deps import Deps
 
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/functions/reconciler"
 _WATCHED = [State.PROVISIONING, State.PAUSING, State.RESUMING, State.DELETING, State.PAUSED,
-            State.FAILED, State.RUNNING]
+            State.FAILED, State.RUNNING, State.QUEUED]
 
 
 def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
-    workspaces = deps.store.list_workspaces(states=_WATCHED)
+    # The runtime first: a server that starts after this look is not taken for lost.
+    observed = deps.clock()
     runtime = {s.workspace_id: RuntimeView(s.running, s.operation)
                for s in deps.runtime.list()}
-    result = plan(workspaces, runtime, deps.clock())
+    workspaces = deps.store.list_workspaces(states=_WATCHED, limit=10_000)
+    now = deps.clock()
+    result = plan(workspaces, runtime, now, observed_at=observed)
+    if any(ws.state == State.RUNNING for ws in workspaces):
+        catalog = deps.catalog()
+        every = {p.id: p.scheduling.checkpoint_every_seconds
+                 for p in catalog.profiles.values()
+                 if p.scheduling.checkpoint_every_seconds}
+        repaired = {r.workspace_id for r in result.repairs}
+        # what it recorded, and the admin file as it is now (an edit since its last event)
+        result.repairs.extend(r for r in checkpoints_due(
+            workspaces, every, now, memory_snapshots=lambda ws: ws.memory_snapshots and
+            catalog.memory_snapshots_for(ws.team, ws.environment))
+            if r.workspace_id not in repaired)
     _repair_sandboxes(deps, result, fix=fix)
     _repair_jobs(deps, result, fix=fix)
+    result.schedule = scheduler.run(deps, fix=fix, why="reconciler").summary()
     if not fix:
         return result
     for repair in result.repairs:
@@ -91,6 +111,7 @@ def _repair_jobs(deps: Deps, result: Plan, *, fix: bool) -> None:
 
 
 def summary(result: Plan) -> list[dict[str, Any]]:
+    """Every repair, and what the scheduler's pass did (``schedule``)."""
     return [{"workspace_id": r.workspace_id, "why": r.why,
              "action": "release" if r.release else (type(r.event).__name__ if r.event else "")}
             for r in result.repairs] + [

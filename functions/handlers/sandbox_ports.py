@@ -2,6 +2,7 @@
 
 ``Deps.sandboxes`` holds a :class:`SandboxDeps`; ``bootstrap.py`` builds it from the
 adapters (``functions.adapters.sandbox_store``, ``functions.adapters.sandbox_runtime``).
+Their transitions go through the one ledger (``Deps.store``), like every family's.
 A runtime's ``start`` returns once the sandbox is accepted; the outcome comes back as a
 sandbox.finished event. ``start`` is idempotent per sandbox id and request, so an outbox
 sent again after a crash starts nothing twice. A runtime that holds an idle sandbox says so
@@ -11,46 +12,14 @@ runs already changes nothing).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from events import Event
-from functions.domain.sandboxes import RunSpec, Sandbox, SandboxState, TeamQueue
-
-
-class SandboxView(Protocol):
-    """What the decide callback reads and writes inside the store's transaction."""
-
-    outcome: dict[str, Any]
-
-    def sandbox(self, sandbox_id: str) -> Sandbox | None: ...
-
-    def queue(self, team: str) -> TeamQueue: ...
-
-    def policy_section(self) -> Mapping[str, Any] | None:
-        """The ``sandboxes`` section of the applied admin config (None: not set)."""
-        ...
-
-    def set(self, collection: str, doc_id: str, data: dict[str, Any]) -> None:
-        """Write a whole document (an empty id: a new generated id)."""
-        ...
-
-    def update(self, collection: str, doc_id: str, fields: dict[str, Any]) -> None: ...
+from functions.domain.sandboxes import RunSpec, Sandbox, SandboxState
 
 
 class SandboxStore(Protocol):
-    def transact(self, event: Event[Any], consumer: str,
-                 decide: Callable[[SandboxView], tuple[list[dict[str, Any]], Any]], *,
-                 subject: str, now: datetime) -> Any:
-        """Run ``decide`` in one transaction guarded by the ledger (one effect per
-        consumer, event type and requestid). ``decide`` returns (outbox, value); a
-        duplicate returns the stored ledger entry without calling it. The result has
-        ``.ledger.key``, ``.ledger.status``, ``.ledger.outbox`` and ``.value``."""
-        ...
-
-    def mark_done(self, key: str) -> None: ...
+    """Sandbox records read outside a transaction (the ledger changes them)."""
 
     def get(self, sandbox_id: str) -> Sandbox | None: ...
 

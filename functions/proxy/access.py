@@ -62,6 +62,7 @@ from werkzeug.wrappers import Request, Response
 
 from events import WorkspaceResumeRequested, new_event
 from functions.domain.links import (
+    BAD_PATH,
     DEFAULT_POLICY,
     Bucket,
     Link,
@@ -75,6 +76,7 @@ from functions.domain.links import (
     check_request,
     check_token,
     deny,
+    normal_path,
     operation_for,
     role_in,
     take,
@@ -133,16 +135,24 @@ class ReadCache:
             "link": store.get_link, "team": store.team_members, "workspace": store.target}
 
     def get(self, kind: str, key: str) -> Any:
-        now = self.monotonic()
-        with self.lock:
-            hit = self.data[kind].get(key)
-            if hit is not None and now - hit[1] < self.seconds:
-                self.data[kind][key] = (hit[0], hit[1], now)
-                return hit[0]
+        fresh, value = self.peek(kind, key)
+        if fresh:
+            return value
         started = self.monotonic()
         value = self.loaders[kind](key)
         self._put(kind, key, value, started, used=started)
         return value
+
+    def peek(self, kind: str, key: str) -> tuple[bool, Any]:
+        """(True, value) when the cache holds a fresh entry (now marked used), else
+        (False, None): never reads (the IDE proxy's event loop must not block)."""
+        now = self.monotonic()
+        with self.lock:
+            hit = self.data[kind].get(key)
+            if hit is None or now - hit[1] >= self.seconds:
+                return False, None
+            self.data[kind][key] = (hit[0], hit[1], now)
+            return True, hit[0]
 
     def forget(self, kind: str, key: str) -> None:
         with self.lock:
@@ -326,7 +336,10 @@ class AccessProxy:
         except Unauthenticated as exc:
             return _refusal(deny(Reason.UNAUTHENTICATED, str(exc)))
         client = caller.user if caller.via == "iap" else (request.remote_addr or "unknown")
-        workspace_id, _, subpath = path.strip("/").partition("/")
+        workspace_id, _, raw_subpath = path.strip("/").partition("/")
+        subpath = normal_path(raw_subpath)
+        if subpath is None:
+            return _refusal(BAD_PATH)
         operation = operation_for(request.method, subpath)
         access = self.auth.authorize(token, client=client, workspace_id=workspace_id,
                                      operation=operation or Operation.READ)
@@ -670,7 +683,8 @@ def _end_status(verdict: Verdict) -> str:
     if verdict.reason in (Reason.REVOKED, Reason.EXPIRED):
         return str(verdict.reason)
     if verdict.outcome in (Outcome.WAIT, Outcome.RESUME) or verdict.reason in (
-            Reason.WORKSPACE_GONE, Reason.WORKSPACE_FAILED, Reason.WORKSPACE_PAUSED):
+            Reason.WORKSPACE_GONE, Reason.WORKSPACE_FAILED, Reason.WORKSPACE_PAUSED,
+            Reason.WORKSPACE_QUEUED):
         return "unavailable"
     return "denied"
 

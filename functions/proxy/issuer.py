@@ -43,6 +43,7 @@ from functions.domain.links import (
     Reason,
     Refused,
     Scope,
+    Target,
     check_create,
     check_revoke,
     is_link_id,
@@ -125,14 +126,16 @@ class LinkIssuer:
             return _json({"error": str(decision.reason), "message": decision.message},
                          decision.status)
         assert target is not None
-        return self._issue(user, target.id, target.team, Scope(scope), decision, now, request)
+        return self._issue(user, target, Scope(scope), decision, now, request)
 
-    def _issue(self, user: str, workspace_id: str, team: str, scope: Scope, issue: Issue,
+    def _issue(self, user: str, target: Target, scope: Scope, issue: Issue,
                now: datetime, request: Request) -> Response:
         token = self.new_token()
         digest = token_hash(token)
+        workspace_id, team = target.id, target.team
         link = Link(link_id=self.new_link_id(), workspace=workspace_id, team=team,
-                    creator=user, scope=scope, created_at=now, expires_at=issue.expires_at)
+                    creator=user, scope=scope, created_at=now, expires_at=issue.expires_at,
+                    incarnation=target.incarnation)
         event = new_event(LinkCreated(link_id=link.link_id, workspace_id=workspace_id,
                                       team=team, creator=user, scope=str(scope),
                                       expires_at=_rfc3339(issue.expires_at)),

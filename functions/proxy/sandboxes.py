@@ -42,6 +42,7 @@ from werkzeug.wrappers import Request, Response
 
 from events import InvalidEvent, SandboxRequested, SandboxResumeRequested, new_event
 from functions.domain.links import SANDBOX_ID, Link
+from functions.domain.redaction import redact
 from functions.domain.sandboxes import TERMINAL
 from functions.domain.sandboxes import Reason as SandboxReason
 from functions.ports import Bus
@@ -74,6 +75,9 @@ _SHOWN = ("id", "team", "requester", "state", "reason", "message", "queue_positi
           "started_at", "finished_at", "exit_status", "termination", "error", "base_sha",
           "files_changed", "patch_bytes", "patch_uri", "log_uri", "duration_ms",
           "cpu_seconds", "peak_memory_bytes", "network")
+#: What people type, which may carry credentials: shown redacted (even to the requester:
+#: an agent's transcript is read by others).
+_TYPED = frozenset({"repository", "command", "message", "error"})
 _BODY_HELP = ('send JSON {"repository": PATH_OR_GIT_URL, "command": "...", "base_ref"?: REF, '
               '"limits"?: {"cpu_seconds", "memory", "wall_clock_seconds", "processes"}, '
               '"allowed_network"?: [HOST, ...], "sandbox_id"?: ID}')
@@ -211,7 +215,8 @@ class SandboxDesk:
             for d in rows]}, 200, headers)
 
     def _view(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        view = {k: _iso(doc.get(k)) for k in _SHOWN if k in doc}
+        view = {k: redact(doc[k]) if k in _TYPED and doc[k] is not None else _iso(doc.get(k))
+                for k in _SHOWN if k in doc}
         if doc.get("state") not in TERMINAL:
             return view
         view["review"] = (f"stasis sandbox show {doc['id']}; stasis sandbox apply {doc['id']} "
@@ -225,7 +230,9 @@ class SandboxDesk:
             except Exception as exc:  # the record still answers; say what is missing
                 view[f"{key}_error"] = f"cannot read {uri}: {type(exc).__name__}: {exc}"
                 continue
-            view[key] = data.decode("utf-8", errors="replace")
+            text = data.decode("utf-8", errors="replace")
+            # The log repeats the command as typed; a patch is the work itself, kept whole.
+            view[key] = redact(text) if tail else text
             view[f"{key}_truncated"] = more
         return view
 

@@ -1,7 +1,8 @@
 """Builds the proxy and the link issuer from the control plane's ``Deps`` (``bootstrap`` calls
 this lazily, once per instance): the Firestore link store on the same client, the Jupyter
 kernel gateway over the runtime's ``status``, the identity, and (where sandboxes run) the
-sandbox reads of ``stasis/sandboxes``.
+sandbox reads of ``stasis/sandboxes``; and the ``proxy`` and ``links`` functions' handlers
+(``functions/routes.py``), which are given that :class:`Wiring`.
 
 Environment:
 
@@ -85,3 +86,13 @@ def build(deps: Any) -> Wiring:
                         sandboxes=sandboxes)
     issuer.revoked_listeners.append(proxy.auth.forget)
     return Wiring(proxy, issuer)
+
+
+def serve_proxy(request: Request, wiring: Wiring) -> Any:
+    """The ``proxy`` function: the access proxy for agent links (``access.py``)."""
+    return wiring.proxy(request)
+
+
+def serve_links(request: Request, wiring: Wiring) -> Any:
+    """The ``links`` function: create, list and revoke agent links (``issuer.py``)."""
+    return wiring.issuer(request)

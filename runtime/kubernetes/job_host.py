@@ -10,10 +10,10 @@ environment, torch gloo rendezvous at ``MASTER_ADDR`` or JAX's coordinator, call
 function, pickle host 0's return value), as a child process: everything the function and
 the native libraries under it print, on either stream, is captured, and a host that hangs
 in a collective can be stopped without losing the log. The pod gives the rendezvous the
-JobSet's environment unchanged (``functions.domain.jobset``), so the same host code runs
-on one machine and on a slice.
+JobSet's environment unchanged (``functions.kubernetes.objects.jobset``), so the same host
+code runs on one machine and on a slice.
 
-What it leaves under the job's prefix (names from ``functions.domain.jobset``):
+What it leaves under the job's prefix (names from ``functions.kubernetes.objects.jobset``):
 
 - ``logs/host-<i>/<seq>.txt``: the host's lines, a chunk every ``STASIS_JOB_LOG_INTERVAL``
   seconds (2 by default) while there is something new, and a last one at the end;
@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from functions.domain import jobset as js
+from functions.kubernetes.objects import jobset as js
 from runtime.snapshot.storage import ObjectStore, get_store
 
 TAIL_LINES = 400

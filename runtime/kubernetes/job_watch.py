@@ -2,7 +2,7 @@
 
 One of the cluster monitor's watchers (``runtime.kubernetes.monitor``: ``sync()`` every
 pass, woken early by a watch on JobSets). For every Stasis JobSet
-(``functions.domain.jobset``):
+(``functions.kubernetes.objects.jobset``):
 
 - still running, but a host's pod will never start (an image that cannot be pulled, a
   bad config): the job failed to start;
@@ -19,7 +19,7 @@ logs' URI, the duration since the runtime started the JobSet). The JobSet and it
 are deleted by the control plane as it records the end (the job handler's outbox:
 ``runtime.cancel``), whoever reported it, so the slice is released at once, not after the
 JobSet's TTL. The monitor itself stays read-only (its ClusterRole only gets, lists and
-watches; ``manifests.monitor_manifests``): what it sees becomes events, never changes.
+watches; ``objects.monitor``): what it sees becomes events, never changes.
 
 Level-triggered like the monitor: each pass looks at every JobSet; the event's id is
 derived from the job and its request, and its requestid is the job's (``finish-<id>``),
@@ -29,34 +29,37 @@ same event again, which the control plane's ledger absorbs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from events import new_event
 from events.payloads import JobFinished
-from functions.domain import jobset as js
-from functions.domain import manifests as m
+from functions.kubernetes.objects import jobset as js
+from functions.kubernetes.objects.meta import (
+    ANN_JOB_URI,
+    ANN_REQUESTID,
+    ANN_SUBMITTED_AT,
+    LABEL_JOB,
+    MANAGED_SELECTOR,
+    is_managed,
+)
+from functions.kubernetes.objects.reports import SOURCE, event_id
+from runtime.kubernetes.cluster import Logs
 
 log = logging.getLogger(__name__)
 
-SOURCE = "//stasis/runtime/kubernetes"
 LOG_TAIL_LINES = 40
 MAX_ERROR = 4000
 
 
-class Kube(Protocol):
-    """What the watcher needs of ``functions.adapters.kube_api.KubeApi``."""
+class Kube(Logs, Protocol):
+    """What the watcher needs of the cluster (``cluster.KubeCluster``)."""
 
     def list(self, kind: str, namespace: str | None,
              selector: str | None = None) -> list[dict[str, Any]]: ...
-
-    def pod_log(self, namespace: str, pod: str, container: str | None = None, *,
-                limit_bytes: int | None = None) -> str: ...
 
 
 class Objects(Protocol):
@@ -80,19 +83,19 @@ class JobWatch:
         self._running: dict[str, tuple[str, str]] = {}
 
     @classmethod
-    def from_environment(cls, api_client: Any, bus: Publisher) -> JobWatch:
-        from functions.adapters.kube_api import KubeApi
+    def from_environment(cls, cluster: Kube, bus: Publisher) -> JobWatch:
+        """Over the monitor's ``cluster`` (a ``cluster.KubeCluster``) and the bucket."""
         from runtime.snapshot.storage import get_store
 
-        return cls(KubeApi(api_client), bus, get_store())
+        return cls(cluster, bus, get_store())
 
     def sync(self) -> bool:
         """One pass over every JobSet; True while a job is still running."""
         busy = False
         present = set()
-        for obj in self.kube.list("JobSet", None, f"{m.MANAGED_BY}={m.STASIS}"):
+        for obj in self.kube.list("JobSet", None, MANAGED_SELECTOR):
             meta = obj.get("metadata") or {}
-            if not m.is_managed(obj):
+            if not is_managed(obj):
                 continue
             present.add(_key(obj))
             if meta.get("deletionTimestamp"):
@@ -117,21 +120,21 @@ class JobWatch:
                                         "ended (deleted outside Stasis?)",
                                   log_uri=f"{uri}/logs/" if uri else None)
             self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
-                                       id=_event_id(f"{key}-vanished")))
+                                       id=event_id("k8s-jobs", f"{key}-vanished")))
             self._reported.add(key)
 
     def observe(self, obj: Mapping[str, Any]) -> bool:
         """Report one JobSet's end (once); True while it runs."""
         meta = obj.get("metadata") or {}
         namespace, name = meta.get("namespace"), str(meta.get("name"))
-        job_id = str((meta.get("labels") or {}).get(js.LABEL_JOB) or name)
+        job_id = str((meta.get("labels") or {}).get(LABEL_JOB) or name)
         annotations = meta.get("annotations") or {}
         key = _key(obj)
         if key in self._reported:
             return False  # published; the control plane deletes it as it records the end
         pods = js.pods_of(name, self.kube.list("Pod", namespace,
                                                f"{js.JOBSET_NAME_LABEL}={name}"))
-        uri = str(annotations.get(js.ANN_JOB_URI) or "")
+        uri = str(annotations.get(ANN_JOB_URI) or "")
         now_ms = int(self.clock() * 1000)
         # the bucket is read only once the JobSet has ended
         ending = (None if js.outcome(obj) == "running"
@@ -142,7 +145,7 @@ class JobWatch:
                 self._running[key] = (job_id, uri)
                 return True
             host, why = failure
-            started = int(annotations.get(js.ANN_SUBMITTED_AT) or 0)
+            started = int(annotations.get(ANN_SUBMITTED_AT) or 0)
             ending = js.Ending(False, "failed_to_start", None, host,
                                f"host {host} cannot start: {why}",
                                max(0, now_ms - started) if started else 0)
@@ -157,7 +160,7 @@ class JobWatch:
                               error=error, log_uri=f"{uri}/logs/" if uri else None,
                               duration_ms=ending.duration_ms)
         self.bus.publish(new_event(payload, source=SOURCE, requestid=f"finish-{job_id}",
-                                   id=_event_id(key)))
+                                   id=event_id("k8s-jobs", key)))
         self._reported.add(key)
         log.info("job %s ended: %s", job_id, ending.message)
         return False
@@ -205,37 +208,14 @@ class JobWatch:
                 return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
         return ""
 
-    # -- waking the monitor early -------------------------------------------------------------
-
-    @staticmethod
-    def watches(api_client: Any,
-                wake: threading.Event) -> list[Callable[[threading.Event], None]]:
-        """A watch on JobSets that sets ``wake`` on every change."""
-        from kubernetes import client
-
-        from runtime.kubernetes.monitor import _watch
-
-        custom = client.CustomObjectsApi(api_client)
-        group, version = js.API_VERSION.split("/")
-
-        def jobsets(stop: threading.Event) -> None:
-            _watch(stop, wake, custom.list_cluster_custom_object, group, version, "jobsets",
-                   label_selector=f"{m.MANAGED_BY}={m.STASIS}")
-
-        return [jobsets]
-
 
 def _key(obj: Mapping[str, Any]) -> str:
     """One job's report key: its id and the request that started it."""
     meta = obj.get("metadata") or {}
-    job_id = (meta.get("labels") or {}).get(js.LABEL_JOB) or meta.get("name")
-    return f"{job_id}-finished-{(meta.get('annotations') or {}).get(js.ANN_REQUESTID) or ''}"
+    job_id = (meta.get("labels") or {}).get(LABEL_JOB) or meta.get("name")
+    return f"{job_id}-finished-{(meta.get('annotations') or {}).get(ANN_REQUESTID) or ''}"
 
 
 def _split(uri: str) -> tuple[str, str]:
     bucket, _, prefix = uri.removeprefix("gs://").partition("/")
     return bucket, prefix.rstrip("/")
-
-
-def _event_id(key: str) -> str:
-    return hashlib.sha256(f"k8s-jobs:{key}".encode()).hexdigest()[:32]

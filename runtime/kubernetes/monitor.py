@@ -1,7 +1,7 @@
 """The cluster monitor: pod and snapshot state in the cluster, turned into Stasis events.
 
     python -m runtime.kubernetes.monitor         # in-cluster (Deployment from
-                                                 # manifests.monitor_manifests), or with a
+                                                 # objects.monitor.monitor_manifests), or with a
                                                  # kubeconfig (STASIS_K8S_CONTEXT)
 
 The Kubernetes runtime is asynchronous: it creates objects and returns. This process
@@ -14,7 +14,8 @@ counterpart of the local node agent's reports:
   re-created with a kernel snapshot to restore (method ``kernel``) is reported once its
   snapshot agent restored the kernels.
 - **snapshot.finished**: method ``pod``: a PodSnapshotManualTrigger completed and its
-  PodSnapshot is Ready (or either failed); method ``kernel``: the pod carries a snapshot
+  PodSnapshot is Ready (or either failed), with the bytes of the objects GKE wrote under its
+  ``observedGCSPath``; method ``kernel``: the pod carries a snapshot
   request, the monitor hands it to the pod's agent and reports its result. Accelerator
   type and count come from the pod's annotations, so a GPU snapshot records them.
 - **workspace.idle_detected**: every ``idle_interval`` seconds, the activity of each running
@@ -22,6 +23,9 @@ counterpart of the local node agent's reports:
 - **workspace.runtime_failed**: a pod that cannot start (image pull, config errors).
 - **job.finished**: a scale-out job's JobSet completed or failed, or a host cannot start
   (``runtime.kubernetes.job_watch``, one of the ``watchers``).
+- **workspace.scheduled** ``admit`` / **workspace.pause_requested** ``preempted``: Kueue
+  admitted a workspace pod's Workload, or evicted it (``runtime.kubernetes.kueue_watch``;
+  without Kueue there are no Workloads to read).
 
 It is level-triggered: watches on pods, triggers and PodSnapshots only wake it early;
 every pass looks at the whole state, so a missed watch event or a restart loses nothing.
@@ -38,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -48,11 +53,38 @@ from events import (
     WorkspaceRuntimeFailed,
     new_event,
 )
-from functions.domain import manifests as m
+from functions.kubernetes.objects.meta import (
+    ANN_ACCELERATOR,
+    ANN_ACCELERATOR_COUNT,
+    ANN_OPERATION,
+    ANN_REQUESTED_AT,
+    ANN_REQUESTID,
+    ANN_RESTORE_REQUEST,
+    ANN_SNAPSHOT_ID,
+    ANN_SNAPSHOT_REQUEST,
+    ANN_WORKSPACE_ID,
+    annotations_of,
+    as_int,
+    is_managed,
+    json_annotation,
+)
+from functions.kubernetes.objects.podsnapshot import (
+    PS_NAME_ANNOTATION,
+    podsnapshot_outcome,
+    trigger_outcome,
+)
+from functions.kubernetes.objects.reports import SOURCE, event_id
+from functions.kubernetes.objects.settings import ClusterSettings
+from functions.kubernetes.objects.status import (
+    condition,
+    pod_failure,
+    pod_ready,
+    timestamp_ms,
+)
+from functions.kubernetes.objects.workspace import sidecar_token, url_of_pod
 
 log = logging.getLogger(__name__)
 
-SOURCE = "//stasis/runtime/kubernetes"
 #: How long a Ready pod that should have been restored may lack ``PodRestored``.
 RESTORE_CONDITION_GRACE_S = 15.0
 #: Triggers older than this are history (kept for restores and clean-up), not news: a
@@ -92,14 +124,18 @@ class Watcher(Protocol):
 
 class Monitor:
     def __init__(self, cluster: Cluster, bus: Publisher, sidecars: Sidecars, *,
-                 settings: m.ClusterSettings | None = None,
+                 settings: ClusterSettings | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 idle_interval: float = 60.0, watchers: Iterable[Watcher] = ()) -> None:
+                 idle_interval: float = 60.0, watchers: Iterable[Watcher] = (),
+                 objects: Any = None) -> None:
+        """``objects``: the snapshot bucket's reader (``list_objects(bucket, prefix)``), to
+        measure a Pod Snapshot's bytes from what GKE wrote (None: not measured)."""
         self.cluster = cluster
+        self.objects = objects
         self.watchers = list(watchers)
         self.bus = bus
         self.sidecars = sidecars
-        self.settings = settings or m.ClusterSettings()
+        self.settings = settings or ClusterSettings()
         self.clock = clock
         self.idle_interval = idle_interval
         self._lock = threading.RLock()
@@ -123,9 +159,9 @@ class Monitor:
             live_requests: set[str] = set()
             for pod in pods:
                 busy |= self.observe_pod(pod)
-                if m.pod_ready(pod):
+                if pod_ready(pod):
                     running[_workspace_id(pod)] = pod
-                request = m.json_annotation(pod, m.ANN_SNAPSHOT_REQUEST)
+                request = json_annotation(pod, ANN_SNAPSHOT_REQUEST)
                 if request:
                     live_requests.add(_snapshot_key(_workspace_id(pod), request))
             self._running = running
@@ -136,31 +172,31 @@ class Monitor:
 
     def observe_pod(self, pod: Mapping[str, Any]) -> bool:
         """Report what one workspace pod's state means; True while waiting on it."""
-        if not m.is_managed(pod) or not _workspace_id(pod):
+        if not is_managed(pod) or not _workspace_id(pod):
             return False
         meta = pod.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return False
         busy = self._observe_snapshot_request(pod)
-        annotations = m.annotations_of(pod)
+        annotations = annotations_of(pod)
         ws = _workspace_id(pod)
-        requestid = annotations.get(m.ANN_REQUESTID) or ""
-        restoring = annotations.get(m.ANN_OPERATION) == "restore"
-        failure = m.pod_failure(pod)
+        requestid = annotations.get(ANN_REQUESTID) or ""
+        restoring = annotations.get(ANN_OPERATION) == "restore"
+        failure = pod_failure(pod)
         if failure:
             operation = "resume" if restoring else "provision"
             self._publish(f"{ws}-failed-{requestid}",
                           WorkspaceRuntimeFailed(ws, operation, failure), requestid)
             return busy
-        if not m.pod_ready(pod):
+        if not pod_ready(pod):
             return True
         key = f"{ws}-ready-{requestid}"
         if key in self._reported:
             return busy
-        restore_request = m.json_annotation(pod, m.ANN_RESTORE_REQUEST)
+        restore_request = json_annotation(pod, ANN_RESTORE_REQUEST)
         if restore_request:
             return self._observe_kernel_restore(pod, restore_request, key, requestid) or busy
-        if annotations.get(m.PS_NAME_ANNOTATION):
+        if annotations.get(PS_NAME_ANNOTATION):
             return self._observe_pod_restore(pod, key, requestid) or busy
         self._publish(key, WorkspaceReady(ws, self._url(pod), _handle(pod),
                                           restore_ms=self._restore_ms(pod)), requestid)
@@ -168,19 +204,19 @@ class Monitor:
 
     def observe_trigger(self, trigger: Mapping[str, Any]) -> bool:
         """Method ``pod``: report a trigger's PodSnapshot once it is Ready or failed."""
-        annotations = m.annotations_of(trigger)
-        ws, snapshot_id = annotations.get(m.ANN_WORKSPACE_ID), annotations.get(m.ANN_SNAPSHOT_ID)
-        if not m.is_managed(trigger) or not ws or not snapshot_id:
+        annotations = annotations_of(trigger)
+        ws, snapshot_id = annotations.get(ANN_WORKSPACE_ID), annotations.get(ANN_SNAPSHOT_ID)
+        if not is_managed(trigger) or not ws or not snapshot_id:
             return False
         key = f"{ws}-snapshot-{snapshot_id}"
         if key in self._reported:
             return False
-        requestid = annotations.get(m.ANN_REQUESTID) or ""
-        requested = _int(annotations.get(m.ANN_REQUESTED_AT))
+        requestid = annotations.get(ANN_REQUESTID) or ""
+        requested = as_int(annotations.get(ANN_REQUESTED_AT))
         if requested and self.clock().timestamp() * 1000 - requested > MAX_REPORT_AGE_S * 1000:
             self._reported.add(key)
             return False
-        outcome = m.trigger_outcome(trigger)
+        outcome = trigger_outcome(trigger)
         if outcome.state == "failed":
             self._finished(key, trigger, snapshot_id, requestid, error=outcome.message)
             return False
@@ -190,13 +226,14 @@ class Monitor:
         snapshot = self.cluster.podsnapshot(namespace, outcome.name)
         if snapshot is None:
             return True
-        result = m.podsnapshot_outcome(snapshot)
+        result = podsnapshot_outcome(snapshot)
         if result.state == "failed":
             self._finished(key, trigger, snapshot_id, requestid,
                            error=f"Pod Snapshot {outcome.name}: {result.message}")
         elif result.state == "succeeded":
             self._finished(key, trigger, snapshot_id, requestid, uri=result.uri,
-                           finished_at=result.finished_at or outcome.finished_at)
+                           finished_at=result.finished_at or outcome.finished_at,
+                           size=self._measure(result.uri))
         return result.state == "pending"
 
     def report_activity(self) -> int:
@@ -244,7 +281,7 @@ class Monitor:
     # -- kernel snapshots and restores through the agent -----------------------------------
 
     def _observe_snapshot_request(self, pod: Mapping[str, Any]) -> bool:
-        request = m.json_annotation(pod, m.ANN_SNAPSHOT_REQUEST)
+        request = json_annotation(pod, ANN_SNAPSHOT_REQUEST)
         if not request or not request.get("snapshot_id"):
             return False
         ws = _workspace_id(pod)
@@ -257,7 +294,7 @@ class Monitor:
         if key not in self._asked:
             answer = self.sidecars.post(pod, "/snapshots", {
                 "snapshot_id": snapshot_id, "bucket": request.get("bucket"),
-                "prefix": request.get("prefix")})
+                "prefix": request.get("prefix"), "base": request.get("base")})
             if answer is None:
                 return True  # the agent is not reachable yet: ask again next pass
             self._asked.add(key)
@@ -291,7 +328,9 @@ class Monitor:
         if ask_key not in self._asked:
             answer = self.sidecars.post(pod, "/restore", {
                 "snapshot_id": request.get("snapshot_id"), "bucket": request.get("bucket"),
-                "prefix": request.get("prefix")})
+                "prefix": request.get("prefix"),
+                "manifest_sha256": request.get("manifest_sha256"),
+                "device_arrays_to_cpu": bool(request.get("device_arrays_to_cpu"))})
             if answer is None:
                 return True
             self._asked.add(ask_key)
@@ -305,14 +344,15 @@ class Monitor:
                 restore_ms=self._restore_ms(pod)), requestid)
         else:
             self._publish(f"{ws}-failed-{requestid}", WorkspaceRuntimeFailed(
-                ws, "resume", f"restoring the kernels failed: {job.get('error')}"), requestid)
+                ws, "resume", f"restoring the kernels failed: {job.get('error')}",
+                cause=job.get("cause")), requestid)
             self._reported.add(key)
         return False
 
     def _observe_pod_restore(self, pod: Mapping[str, Any], key: str, requestid: str) -> bool:
         ws = _workspace_id(pod)
-        ps_name = m.annotations_of(pod).get(m.PS_NAME_ANNOTATION)
-        restored = m.condition(pod, "PodRestored")
+        ps_name = annotations_of(pod).get(PS_NAME_ANNOTATION)
+        restored = condition(pod, "PodRestored")
         if restored is not None and restored.get("status") == "True":
             activity = self.sidecars.get(pod, "/activity") or {}
             self._publish(key, WorkspaceReady(
@@ -335,57 +375,65 @@ class Monitor:
 
     def _finished(self, key: str, obj: Mapping[str, Any], snapshot_id: str, requestid: str, *,
                   method: str = "pod", uri: str | None = None, finished_at: str | None = None,
-                  job: Mapping[str, Any] | None = None, error: str | None = None) -> None:
-        annotations = m.annotations_of(obj)
-        accelerator = annotations.get(m.ANN_ACCELERATOR) or None
-        count = annotations.get(m.ANN_ACCELERATOR_COUNT) or "0"
-        ws = str(annotations.get(m.ANN_WORKSPACE_ID))
+                  job: Mapping[str, Any] | None = None, error: str | None = None,
+                  size: int = 0) -> None:
+        annotations = annotations_of(obj)
+        accelerator = annotations.get(ANN_ACCELERATOR) or None
+        count = annotations.get(ANN_ACCELERATOR_COUNT) or "0"
+        ws = str(annotations.get(ANN_WORKSPACE_ID))
         job = job or {}
-        started = _int(annotations.get(m.ANN_REQUESTED_AT))
+        started = as_int(annotations.get(ANN_REQUESTED_AT))
         if method == "kernel":
-            request = m.json_annotation(obj, m.ANN_SNAPSHOT_REQUEST) or {}
-            started = _int(request.get("requested_at_ms")) or started
+            request = json_annotation(obj, ANN_SNAPSHOT_REQUEST) or {}
+            started = as_int(request.get("requested_at_ms")) or started
         duration = int(job.get("duration_ms") or 0)
         if not duration and started:
-            end = _parse_ms(finished_at) or int(self.clock().timestamp() * 1000)
+            end = timestamp_ms(finished_at) or int(self.clock().timestamp() * 1000)
             duration = max(0, end - started)
         payload = SnapshotFinished(
             workspace_id=ws, snapshot_id=snapshot_id, succeeded=error is None, method=method,
             uri=str(job.get("uri") or uri) if (job.get("uri") or uri) else None,
-            bytes=int(job.get("bytes") or 0), duration_ms=duration,
+            bytes=int(job.get("bytes") or size), duration_ms=duration,
             accelerator=accelerator, accelerator_count=int(count) if count.isdigit() else 0,
             captured=[str(c) for c in job.get("captured") or []],
             skipped=[dict(s) for s in job.get("skipped") or [] if isinstance(s, Mapping)],
-            error=error)
+            error=error, manifest_sha256=job.get("manifest_sha256"),
+            parts={str(k): int(v) for k, v in (job.get("parts") or {}).items()},
+            uploaded_bytes=int(job.get("uploaded_bytes") or 0))
         self._publish(key, payload, requestid)
 
     def _publish(self, key: str, payload: Any, requestid: str) -> None:
         if key in self._reported:
             return
         self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid or None,
-                                   id=_event_id(key)))
+                                   id=event_id("k8s-monitor", key)))
         self._reported.add(key)
         log.info("published %s for %s", type(payload).__name__, key)
 
+    def _measure(self, uri: str | None) -> int:
+        """The bytes GKE wrote for a Pod Snapshot: every object under its
+        ``observedGCSPath`` (the record's ``uri``), as the team's bytes count them."""
+        if self.objects is None or not uri or not uri.startswith("gs://"):
+            return 0
+        bucket, _, path = uri.removeprefix("gs://").partition("/")
+        return sum(int(size) for size in
+                   self.objects.list_objects(bucket, path.strip("/") + "/").values())
+
     def _url(self, pod: Mapping[str, Any]) -> str:
-        meta = pod.get("metadata") or {}
-        return self.settings.url_template.format(
-            service=meta.get("name"), namespace=meta.get("namespace"),
-            port=self.settings.jupyter_port,
-            workspace=(meta.get("labels") or {}).get(m.LABEL_WORKSPACE, ""))
+        return url_of_pod(pod, self.settings)
 
     def _restore_ms(self, pod: Mapping[str, Any]) -> int | None:
-        annotations = m.annotations_of(pod)
-        if annotations.get(m.ANN_OPERATION) != "restore":
+        annotations = annotations_of(pod)
+        if annotations.get(ANN_OPERATION) != "restore":
             return None
-        started = _int(annotations.get(m.ANN_REQUESTED_AT))
+        started = as_int(annotations.get(ANN_REQUESTED_AT))
         if not started:
             return None
         return max(0, int(self.clock().timestamp() * 1000) - started)
 
 
 def _workspace_id(obj: Mapping[str, Any]) -> str:
-    return str(m.annotations_of(obj).get(m.ANN_WORKSPACE_ID) or "")
+    return str(annotations_of(obj).get(ANN_WORKSPACE_ID) or "")
 
 
 def _snapshot_key(ws: str, request: Mapping[str, Any]) -> str:
@@ -397,135 +445,27 @@ def _handle(pod: Mapping[str, Any]) -> str:
     return f"k8s:{meta.get('namespace')}/{meta.get('name')}"
 
 
-def _event_id(key: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(f"k8s-monitor:{key}".encode()).hexdigest()[:32]
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _parse_ms(text: str | None) -> int:
-    if not text:
-        return 0
-    try:
-        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return 0
-
-
 # --------------------------------------------------------------------------------------------
-# The official client: reading the cluster, reaching the agents
+# Reaching the agents
 # --------------------------------------------------------------------------------------------
-
-
-class KubeCluster:
-    """:class:`Cluster` over the official ``kubernetes`` client, cluster-wide.
-
-    Label selectors narrow what the API server sends; the monitor checks the labels again
-    (``manifests.is_managed``), so a server that ignores them changes nothing.
-    """
-
-    SELECTOR = f"{m.MANAGED_BY}={m.STASIS}"
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.pod_snapshots = True
-
-    def pods(self) -> list[dict[str, Any]]:
-        data = _json(self.core.list_pod_for_all_namespaces(
-            label_selector=self.SELECTOR, _preload_content=False))
-        return [p for p in data.get("items") or [] if m.is_managed(p)]
-
-    def triggers(self) -> list[dict[str, Any]]:
-        if not self.pod_snapshots:
-            return []
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            data = _json(self.custom.list_cluster_custom_object(
-                m.PODSNAPSHOT_GROUP, m.PODSNAPSHOT_VERSION, "podsnapshotmanualtriggers",
-                label_selector=self.SELECTOR, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:  # no Pod Snapshots on this cluster
-                return []
-            raise
-        return [t for t in data.get("items") or [] if m.is_managed(t)]
-
-    def podsnapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return _json(self.custom.get_namespaced_custom_object(
-                m.PODSNAPSHOT_GROUP, m.PODSNAPSHOT_VERSION, namespace, "podsnapshots", name,
-                _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def watches(self, wake: threading.Event) -> list[Callable[[threading.Event], None]]:
-        """Watch loops that set ``wake`` on every change (pods, triggers, PodSnapshots)."""
-
-        def pods(stop: threading.Event) -> None:
-            _watch(stop, wake, self.core.list_pod_for_all_namespaces,
-                   label_selector=self.SELECTOR)
-
-        def custom(plural: str) -> Callable[[threading.Event], None]:
-            def loop(stop: threading.Event) -> None:
-                _watch(stop, wake, self.custom.list_cluster_custom_object, m.PODSNAPSHOT_GROUP,
-                       m.PODSNAPSHOT_VERSION, plural)
-            loop.__name__ = f"watch-{plural}"
-            return loop
-
-        loops: list[Callable[[threading.Event], None]] = [pods]
-        if self.pod_snapshots:
-            loops += [custom("podsnapshotmanualtriggers"), custom("podsnapshots")]
-        return loops
-
-
-def _watch(stop: threading.Event, wake: threading.Event, fn: Callable[..., Any],
-           *args: Any, **kwargs: Any) -> None:
-    from kubernetes import watch
-
-    while not stop.is_set():
-        watcher = watch.Watch()
-        try:
-            for _event in watcher.stream(fn, *args, timeout_seconds=60, **kwargs):
-                wake.set()
-                if stop.is_set():
-                    break
-        except Exception as exc:  # a dropped or expired watch: start a new one
-            log.info("watch on %s ended: %s", getattr(fn, "__name__", fn), exc)
-            stop.wait(2.0)
-        finally:
-            watcher.stop()
-
-
-def _json(response: Any) -> dict[str, Any]:
-    data = json.loads(getattr(response, "data", b"") or b"{}")
-    return data if isinstance(data, dict) else {}
 
 
 class HttpSidecars:
     """:class:`Sidecars` over the pod network (the monitor runs in the cluster): the pod's
     IP and the agent port. Any failure is None: the monitor asks again next pass."""
 
-    def __init__(self, port: int = 8890, timeout: float = 5.0) -> None:
+    def __init__(self, port: int = 8890, timeout: float = 5.0, *, key: str = "") -> None:
         import requests
 
         self.port = port
         self.timeout = timeout
+        self._key = key  # STASIS_SIDECAR_KEY: each sidecar's token derives from it
         self._session = requests.Session()
         self._session.trust_env = False
+
+    def _headers(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        """The pod's sidecar token (``runtime.kubernetes.sidecar``)."""
+        return {"X-Stasis-Sidecar-Token": sidecar_token(self._key, _workspace_id(pod))}
 
     def _url(self, pod: Mapping[str, Any], path: str) -> str | None:
         ip = (pod.get("status") or {}).get("podIP")
@@ -546,7 +486,8 @@ class HttpSidecars:
         if url is None:
             return None
         try:
-            response = self._session.request(method, url, timeout=self.timeout, **kwargs)
+            response = self._session.request(method, url, timeout=self.timeout,
+                                             headers=self._headers(pod), **kwargs)
         except requests.RequestException:
             return None
         if response.status_code >= 500 or response.status_code == 404:
@@ -562,8 +503,9 @@ class ProxySidecars(HttpSidecars):
     """:class:`Sidecars` through the API server's pod proxy, for a monitor outside the
     cluster (development, the K3s tests): ``/api/v1/namespaces/NS/pods/POD:PORT/proxy``."""
 
-    def __init__(self, api_client: Any, port: int = 8890, timeout: float = 10.0) -> None:
-        super().__init__(port, timeout)
+    def __init__(self, api_client: Any, port: int = 8890, timeout: float = 10.0, *,
+                 key: str = "") -> None:
+        super().__init__(port, timeout, key=key)
         self.api_client = api_client
 
     def _request(self, method: str, pod: Mapping[str, Any], path: str,
@@ -571,7 +513,7 @@ class ProxySidecars(HttpSidecars):
         meta = pod.get("metadata") or {}
         resource = (f"/api/v1/namespaces/{meta.get('namespace')}/pods/"
                     f"{meta.get('name')}:{self.port}/proxy{path}")
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self._headers(pod)}
         body = kwargs.get("json")
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -594,9 +536,11 @@ class ProxySidecars(HttpSidecars):
 def main() -> None:
     from kubernetes import client, config
 
+    from runtime.kubernetes.cluster import KubeCluster
     from runtime.kubernetes.job_watch import JobWatch
+    from runtime.kubernetes.kueue_watch import KueueWatch
     from runtime.kubernetes.sandbox_watch import SandboxWatch
-    from runtime.local.publisher import PubSubPublisher
+    from runtime.local.publisher import MONITOR, PubSubPublisher
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -607,24 +551,24 @@ def main() -> None:
         config.load_kube_config(context=os.environ.get("STASIS_K8S_CONTEXT") or None)
         in_cluster = False
     api_client = client.ApiClient()
-    settings = m.ClusterSettings(
-        pod_snapshots=os.environ.get("STASIS_POD_SNAPSHOTS", "1") in ("1", "true"),
-        url_template=os.environ.get("STASIS_K8S_URL_TEMPLATE",
-                                    m.ClusterSettings().url_template))
-    cluster = KubeCluster(api_client)
-    cluster.pod_snapshots = settings.pod_snapshots
-    sidecars: Sidecars = (HttpSidecars(settings.agent_port) if in_cluster
-                          else ProxySidecars(api_client, settings.agent_port))
+    # the monitor's Deployment says whether the cluster has Pod Snapshots
+    settings = replace(ClusterSettings.from_env(os.environ), pod_snapshots=os.environ.get(
+        "STASIS_POD_SNAPSHOTS", "1") in ("1", "true"))
+    cluster = KubeCluster(api_client, pod_snapshots=settings.pod_snapshots)
+    key = os.environ.get("STASIS_SIDECAR_KEY", "")
+    sidecars: Sidecars = (HttpSidecars(settings.agent_port, key=key) if in_cluster
+                          else ProxySidecars(api_client, settings.agent_port, key=key))
     project = os.environ.get("STASIS_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or ""
-    bus = PubSubPublisher(project)
-    sandboxes = SandboxWatch.from_environment(cluster.pods, api_client, bus, snapshots=cluster)
-    jobs = JobWatch.from_environment(api_client, bus)
+    bus = PubSubPublisher(project, origin=MONITOR)
+    sandboxes = SandboxWatch.from_environment(cluster, bus)
+    jobs = JobWatch.from_environment(cluster, bus)
+    from runtime.snapshot.storage import get_store
+
     monitor = Monitor(cluster, bus, sidecars, settings=settings,
                       idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")),
-                      watchers=[sandboxes, jobs])
+                      watchers=[sandboxes, jobs, KueueWatch(cluster, bus)], objects=get_store())
     stop = threading.Event()
-    monitor.run(stop, watches=[*cluster.watches(monitor.wake),
-                               *JobWatch.watches(api_client, monitor.wake)])
+    monitor.run(stop, watches=cluster.watches(monitor.wake))
 
 
 if __name__ == "__main__":

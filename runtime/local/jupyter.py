@@ -17,6 +17,10 @@ from typing import Any
 import requests
 
 DEFAULT_TIMEOUT = 30.0
+#: jupyter-server counts every authenticated API request as the user's activity (its
+#: ``last_activity``), except those asking ``no_track_activity``: the agent's own reads
+#: must not make an idle workspace look active to the idle policy.
+_UNTRACKED = {"no_track_activity": "1"}
 
 
 class JupyterError(RuntimeError):
@@ -47,12 +51,12 @@ class JupyterClient:
 
     def kernels(self) -> list[dict[str, Any]]:
         """Running kernels: id, name (the kernelspec), execution_state, connections."""
-        result: list[dict[str, Any]] = self._call("GET", "/api/kernels")
+        result: list[dict[str, Any]] = self._call("GET", "/api/kernels", params=_UNTRACKED)
         return result
 
     def sessions(self) -> list[dict[str, Any]]:
         """Sessions: id, path, name, type, kernel {id, name, ...}."""
-        result: list[dict[str, Any]] = self._call("GET", "/api/sessions")
+        result: list[dict[str, Any]] = self._call("GET", "/api/sessions", params=_UNTRACKED)
         return result
 
     def start_kernel(self, kernelspec: str) -> dict[str, Any]:

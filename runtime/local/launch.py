@@ -17,6 +17,9 @@ ipykernel and OpenBLAS need, while under ``RLIMIT_DATA`` normal work runs and an
 allocation beyond the limit raises ``MemoryError`` in the kernel, which survives it. Both
 soft and hard limits are set, so the workspace cannot raise them. The limit is per
 process (a cgroup would hold the total; rlimits are what an unprivileged agent has).
+
+``--user UID`` (a root agent's isolated workspace, ``runtime.local.tenancy``) drops to that
+uid and gid with no supplementary groups after the limits, before the ``exec``.
 """
 
 from __future__ import annotations
@@ -34,10 +37,22 @@ def apply_limits(memory_bytes: int | None, cpus: list[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def become_user(uid: int) -> None:
+    """Drop to ``uid`` (gid ``uid``, no supplementary groups) for good: the workspace's
+    own user (``runtime.local.tenancy``). Raises OSError when the drop did not hold."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
+        raise OSError(f"still uid {os.geteuid()} after dropping to {uid}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m runtime.local.launch")
     parser.add_argument("--memory-bytes", type=int, default=None)
     parser.add_argument("--cpus", default="", help="comma-separated CPU ids")
+    parser.add_argument("--user", type=int, default=None,
+                        help="run as this uid and gid, without supplementary groups")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -45,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("no command to run after --")
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
     apply_limits(args.memory_bytes, cpus)
+    if args.user is not None:
+        become_user(args.user)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(command[0], command)

@@ -16,14 +16,17 @@ Crash recovery (``start``): servers run in their own process groups and outlive 
 agent. A restarted agent adopts every recorded server that is still the process it started,
 forgets the dead ones, and finishes off interrupted operations: a snapshot is reported
 failed ("node agent restarted during the snapshot") once its kernels stopped writing, and
-its partial objects are deleted; an interrupted resume is stopped and reported failed; an
-interrupted provision whose server is alive is waited for and reported ready.
+its partial objects are deleted; an interrupted resume is stopped and reported interrupted
+(its workspace stays PAUSED), as is a provision whose server died; an interrupted provision
+whose server is alive is waited for and reported ready. Each report is saved with the
+operation's end, so an agent killed again before sending it sends it at its next start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 import threading
@@ -38,24 +41,33 @@ from events import (
     SnapshotFinished,
     WorkspaceReady,
     WorkspaceRuntimeFailed,
+    crashpoints,
+    from_pubsub,
+    identity,
     new_event,
+    to_pubsub,
 )
-from runtime.local import servers, snapshots
+from events.payloads import WORKSPACE_SEPARATOR
+from runtime.local import servers, snapshots, tenancy
 from runtime.local.gpu import GpuProbe
 from runtime.local.host import (
     ProfileError,
+    assign_devices,
     available_cpus,
     detect_capabilities,
+    device_env,
     limits_for,
     refusal,
     wanted_accelerators,
+    with_declared,
 )
 from runtime.local.jupyter import CodeServerClient, JupyterClient, JupyterError
 from runtime.local.publisher import Publisher
 from runtime.local.servers import ServerError, ServerLaunch, ServerProcess, ServerStartError
-from runtime.local.settings import AgentSettings
+from runtime.local.settings import AgentSettings, workspace_key
 from runtime.local.snapshots import Engine, SnapshotFailed
 from runtime.local.state import AgentLock, Operation, StateFile, WorkspaceRecord
+from runtime.local.warm import WarmPool, targets_of
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +86,9 @@ SPEC_FIELDS = (
     "requestid",
 )
 RESTARTED_DURING_SNAPSHOT = "node agent restarted during the snapshot"
+#: The cause of a start (provision, resume) a restart cut short: it changed nothing of the
+#: snapshot or the home, so a resume's workspace stays PAUSED (``functions.domain.lifecycle``).
+INTERRUPTED = "interrupted"
 _BIND_RACE = ("already in use", "address in use")
 _START_ATTEMPTS = 3
 # After the deadline a kernel's capture was given, plus this, it no longer writes.
@@ -92,6 +107,11 @@ class BadRequest(AgentError):
 
 class NotFound(AgentError):
     status = 404
+
+
+#: Seconds after a start before the warm pool refills: the new workspace's first seconds
+#: (a kernel starting, the browser loading JupyterLab) keep the CPUs to themselves.
+_REFILL_DELAY = 5.0
 
 
 class Refused(AgentError):
@@ -120,6 +140,7 @@ class NodeAgent:
         capabilities: Mapping[str, Any] | None = None,
         base_env: Mapping[str, str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        isolation: tenancy.Tenancy | None = None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -127,6 +148,8 @@ class NodeAgent:
         self._capabilities = dict(capabilities) if capabilities is not None else None
         self._base_env = dict(base_env) if base_env is not None else None
         self._clock = clock
+        #: Whether workspaces get OS users of their own (probed at ``start``).
+        self._tenancy = isolation
         self._state = StateFile(settings.state_path)
         self._lock_file = AgentLock(settings.lock_path)
         self._lock = threading.RLock()
@@ -136,6 +159,9 @@ class NodeAgent:
         self._timers: list[threading.Timer] = []
         self._started = False
         self._gpu = GpuProbe()
+        self._pool = WarmPool(log_dir=settings.data_dir / "logs" / "warm",
+                              base_env=self._base_env if self._base_env is not None
+                              else dict(os.environ), repo_root=settings.repo_root)
 
     # -- life of the agent ---------------------------------------------------------------
 
@@ -143,7 +169,18 @@ class NodeAgent:
         """Take the data dir's lock, adopt surviving servers, recover interrupted
         operations. Raises AgentLockError if another agent serves the data dir."""
         self._lock_file.acquire()
+        if self._tenancy is None:
+            self._tenancy = tenancy.detect(self.settings.repo_root)
         self.settings.homes_dir.mkdir(parents=True, exist_ok=True)
+        if self._tenancy.users:
+            # Workspace users pass through to their own home; none may list the others.
+            os.chmod(self.settings.homes_dir, 0o711)
+            # the default environment's, said once here; `stasis status` shows it too
+            why = self._tenancy.refusal(servers.resolve_python({}), self.settings.homes_dir)
+            if why:
+                log.warning("single-tenant on the default environment: %s", why)
+        else:  # said once, here; `stasis status` shows it too
+            log.warning("single-tenant: %s", self._tenancy.reason)
         self._started = True
         self.recover()
 
@@ -154,6 +191,7 @@ class NodeAgent:
             for timer in self._timers:
                 timer.cancel()
             self._timers.clear()
+        self._pool.close()
         self._lock_file.release()
         self._started = False
 
@@ -178,9 +216,19 @@ class NodeAgent:
         return self._engine
 
     def capabilities(self) -> dict[str, Any]:
+        """What the host has (``nvidia-smi``), and the node's name: the control plane counts
+        the node's accelerators under it, with those the admin file declares for it; and
+        its tenancy (per-workspace users, or single-tenant and why)."""
         if self._capabilities is None:
             self._capabilities = detect_capabilities()
-        return dict(self._capabilities)
+        return {"node": self.settings.node_name, **self._capabilities,
+                "tenancy": self.isolation.describe()}
+
+    @property
+    def isolation(self) -> tenancy.Tenancy:
+        if self._tenancy is None:
+            self._tenancy = tenancy.detect(self.settings.repo_root)
+        return self._tenancy
 
     def recover(self) -> None:
         """Adopt the recorded servers still alive, forget dead ones, finish off the
@@ -201,6 +249,8 @@ class NodeAgent:
             log.info(
                 "%s: adopted server pid %d on port %d", record.workspace_id, server.pid, server.port
             )
+        if record.unsent:  # reports of operations that ended just before the crash
+            self._spawn(record.workspace_id, self._send_unsent, record)
         operation = record.operation
         if operation is None:
             return
@@ -209,7 +259,9 @@ class NodeAgent:
         elif operation.kind == "provision" and alive and server is not None:
             self._spawn(record.workspace_id, self._finish_provision, record, operation, server)
         else:
-            record.operation = None
+            # The operation stays recorded until its failure is saved with its end: cleared
+            # first, an agent killed again before it published left the workspace waiting
+            # in RESUMING for the reconciler (found by the chaos harness).
             self._spawn(
                 record.workspace_id,
                 self._abandon_start,
@@ -231,6 +283,18 @@ class NodeAgent:
             if record is None:
                 raise NotFound(f"workspace {workspace_id} is not known on this node")
             return self._describe(record)
+
+    def progress(self, workspace_id: str) -> dict[str, Any]:
+        """The operation in flight: phase, start, first byte, bytes done and in all (all
+        zero but the phase and times for a provision); ``{"phase": None}`` when idle."""
+        _check_id(workspace_id)
+        with self._lock:
+            record = self._records.get(workspace_id)
+            if record is None:
+                raise NotFound(f"workspace {workspace_id} is not known on this node")
+            operation = record.operation
+            report = operation.progress() if operation else {"phase": None}
+        return {"workspace_id": workspace_id, **report}
 
     def activity(self, workspace_id: str) -> dict[str, Any]:
         """Activity signals for the idle policy: the server's last activity, how many
@@ -254,6 +318,28 @@ class NodeAgent:
             "observed_at": self._clock().isoformat(),
         }
 
+    # -- warm pool -----------------------------------------------------------------------
+
+    def pools(self) -> dict[str, Any]:
+        """The warm pool: per environment its wanted size and the servers waiting."""
+        return self._pool.status()
+
+    def set_pools(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"environments": [{"id", "python", "warm_pool"}, ...]}`` (the catalog's):
+        keep that many warm servers per environment (0 stops its pool)."""
+        environments = body.get("environments")
+        if not isinstance(environments, list) or not all(
+                isinstance(e, Mapping) for e in environments):
+            raise BadRequest("environments must be a list of environment objects")
+        for environment in environments:
+            size = environment.get("warm_pool", 0)
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 16:
+                raise BadRequest(f"environment {environment.get('id')!r}: warm_pool must be "
+                                 f"an integer from 0 to 16, got {size!r}")
+        self._pool.configure(targets_of(environments, servers.resolve_python))
+        self._pool.refill()
+        return self._pool.status()
+
     # -- provision -----------------------------------------------------------------------
 
     def provision(self, workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,13 +358,16 @@ class NodeAgent:
                     self._spawn(workspace_id, self._publish_ready, record, spec["requestid"])
                     return self._accepted(record, "already running")
                 record.server = None
-            launch = self._launch(spec)
             operation = Operation("provision", spec["requestid"], time.time())
             with self._lock:
+                devices = self._devices(workspace_id, spec)
+                launch = self._launch(spec, devices)
                 if record is None:
                     record = WorkspaceRecord(workspace_id, home=str(launch.home))
                     self._records[workspace_id] = record
                 record.spec = dict(spec)
+                record.devices = devices
+                record.uid = launch.uid
                 record.operation = operation
                 record.restored_from = None
                 record.kernels_restored = 0
@@ -296,18 +385,13 @@ class NodeAgent:
             log.info("%s: provision withdrawn", record.workspace_id)
             return
         except (ServerError, OSError) as exc:
-            self._end(record, operation, server_gone=True)
-            self._publish(
-                WorkspaceRuntimeFailed(
-                    record.workspace_id, "provision", f"the server did not start: {exc}"
-                ),
-                operation.requestid,
-            )
+            failed = WorkspaceRuntimeFailed(
+                record.workspace_id, "provision", f"the server did not start: {exc}")
+            if not self._end(record, operation, server_gone=True, report=failed):
+                self._publish(failed, operation.requestid)
             return
-        if self._end(record, operation):
-            self._publish(
-                WorkspaceReady(record.workspace_id, server.url, server.handle), operation.requestid
-            )
+        self._end(record, operation,
+                  report=WorkspaceReady(record.workspace_id, server.url, server.handle))
 
     def _finish_provision(
         self, record: WorkspaceRecord, operation: Operation, server: ServerProcess
@@ -316,38 +400,30 @@ class NodeAgent:
         try:
             servers.wait_ready(server, timeout=self.settings.start_timeout)
         except ServerError as exc:
-            self._end(record, operation, server_gone=True)
-            self._publish(
-                WorkspaceRuntimeFailed(
-                    record.workspace_id, "provision", f"the server did not start: {exc}"
-                ),
-                operation.requestid,
-            )
+            failed = WorkspaceRuntimeFailed(
+                record.workspace_id, "provision", f"the server did not start: {exc}")
+            if not self._end(record, operation, server_gone=True, report=failed):
+                self._publish(failed, operation.requestid)
             return
-        if self._end(record, operation):
-            self._publish(
-                WorkspaceReady(record.workspace_id, server.url, server.handle), operation.requestid
-            )
+        self._end(record, operation,
+                  report=WorkspaceReady(record.workspace_id, server.url, server.handle))
 
     def _abandon_start(
         self, record: WorkspaceRecord, operation: Operation, server: ServerProcess | None
     ) -> None:
         """After a restart: a provision whose server died, or a resume (whose kernels
-        cannot be trusted half-restored). Stop what is left and report the failure."""
+        cannot be trusted half-restored). Stop what is left and report the failure as an
+        interruption: nothing of the snapshot or the home was changed."""
         if server is not None and operation.kind == "restore":
             with contextlib.suppress(ServerError):
                 servers.stop(server, grace=self.settings.stop_grace)
-            with self._lock:
-                if record.server is server:
-                    record.server = None
-                    self._save()
         kind = "resume" if operation.kind == "restore" else operation.kind
-        self._publish(
-            WorkspaceRuntimeFailed(
-                record.workspace_id, kind, f"node agent restarted during the {kind}"
-            ),
-            operation.requestid,
+        failed = WorkspaceRuntimeFailed(
+            record.workspace_id, kind, f"node agent restarted during the {kind}",
+            cause=INTERRUPTED,
         )
+        if not self._end(record, operation, server_gone=True, report=failed):
+            self._publish(failed, operation.requestid)
 
     # -- snapshot ------------------------------------------------------------------------
 
@@ -357,6 +433,7 @@ class NodeAgent:
         bucket = _required_str(body, "bucket")
         prefix = _required_str(body, "prefix").strip("/")
         requestid = _required_str(body, "requestid")
+        base = _base(body)
         with self._workspace_lock(workspace_id):
             record = self._records.get(workspace_id)
             if record is None or record.server is None or not record.server.is_alive():
@@ -377,11 +454,12 @@ class NodeAgent:
             with self._lock:
                 record.operation = operation
                 self._save()
-            self._spawn(workspace_id, self._run_snapshot, record, operation, record.server)
+            self._spawn(workspace_id, self._run_snapshot, record, operation, record.server, base)
             return self._accepted(record, "snapshot started")
 
     def _run_snapshot(
-        self, record: WorkspaceRecord, operation: Operation, server: ServerProcess
+        self, record: WorkspaceRecord, operation: Operation, server: ServerProcess,
+        base: Mapping[str, Any] | None = None,
     ) -> None:
         assert operation.snapshot_id and operation.bucket and operation.prefix is not None
         began = time.monotonic()
@@ -399,6 +477,7 @@ class NodeAgent:
                     timeout=self.settings.kernel_timeout,
                     now=self._clock,
                     progress=operation.report_progress,
+                    base=base,
                 )
             payload = SnapshotFinished(
                 workspace_id=record.workspace_id,
@@ -412,6 +491,9 @@ class NodeAgent:
                 accelerator_count=count,
                 captured=outcome.captured,
                 skipped=outcome.skipped,
+                manifest_sha256=outcome.manifest_sha256,
+                parts=outcome.parts,
+                uploaded_bytes=outcome.uploaded_bytes,
             )
         except Exception as exc:
             reason = str(exc) if isinstance(exc, SnapshotFailed) else f"{type(exc).__name__}: {exc}"
@@ -421,18 +503,14 @@ class NodeAgent:
                 withdrawn = record.operation is not operation
             if withdrawn:
                 reason = f"the workspace was released during the snapshot ({reason})"
-            payload = SnapshotFinished(
-                workspace_id=record.workspace_id,
-                snapshot_id=operation.snapshot_id,
-                succeeded=False,
-                method="kernel",
-                accelerator=accelerator,
-                accelerator_count=count,
-                error=reason,
-                duration_ms=int((time.monotonic() - began) * 1000),
-            )
-        self._end(record, operation)
-        self._publish(payload, operation.requestid)
+            payload = _snapshot_failed(record, operation, reason,
+                                       duration_ms=int((time.monotonic() - began) * 1000))
+        if payload.succeeded:
+            record.phases_ms["snapshot"] = {**outcome.phases_ms, "total": _ms_since(began),
+                                            "accepted_at_ms": int(operation.started_at * 1000)}
+            crashpoints.reach("snapshot.manifest_written")
+        if not self._end(record, operation, report=payload):
+            self._publish(payload, operation.requestid)
 
     def _abandon_snapshot(self, record: WorkspaceRecord, operation: Operation) -> None:
         """After a restart: the snapshot's driver died with the old agent. Wait until the
@@ -456,20 +534,9 @@ class NodeAgent:
             with self._lock:
                 self._timers.append(sweep)
             sweep.start()
-        self._end(record, operation)
-        accelerator, count = _accelerator(record.spec)
-        self._publish(
-            SnapshotFinished(
-                workspace_id=record.workspace_id,
-                snapshot_id=operation.snapshot_id,
-                succeeded=False,
-                method="kernel",
-                accelerator=accelerator,
-                accelerator_count=count,
-                error=RESTARTED_DURING_SNAPSHOT,
-            ),
-            operation.requestid,
-        )
+        failed = _snapshot_failed(record, operation, RESTARTED_DURING_SNAPSHOT)
+        if not self._end(record, operation, report=failed):
+            self._publish(failed, operation.requestid)
 
     # -- restore -------------------------------------------------------------------------
 
@@ -482,7 +549,9 @@ class NodeAgent:
         if not isinstance(raw_spec, Mapping):
             raise BadRequest("spec must be the workspace's spec (an object)")
         spec = parse_spec(workspace_id, raw_spec)
+        _own_snapshot(spec, snapshot_id, bucket, prefix)
         requestid = str(body.get("requestid") or spec["requestid"])
+        anchor = _anchor(body)
         self._admit(spec)
         with self._workspace_lock(workspace_id):
             record = self._records.get(workspace_id)
@@ -501,7 +570,6 @@ class NodeAgent:
                         f"restoring snapshot {snapshot_id}"
                     )
                 record.server = None
-            launch = self._launch(spec)
             operation = Operation(
                 "restore",
                 requestid,
@@ -511,42 +579,57 @@ class NodeAgent:
                 prefix=prefix,
             )
             with self._lock:
+                devices = self._devices(workspace_id, spec)
+                launch = self._launch(spec, devices)
                 if record is None:
                     record = WorkspaceRecord(workspace_id, home=str(launch.home))
                     self._records[workspace_id] = record
                 record.spec = dict(spec)
+                record.devices = devices
+                record.uid = launch.uid
                 record.operation = operation
                 record.restored_from = None
                 self._save()
-            self._spawn(workspace_id, self._run_restore, record, operation, launch)
+            self._spawn(workspace_id, self._run_restore, record, operation, launch, anchor)
             return self._accepted(record, "restore started")
 
     def _run_restore(
-        self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
+        self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch,
+        anchor: tuple[str | None, bool] = (None, False),
     ) -> None:
         assert operation.snapshot_id and operation.bucket and operation.prefix is not None
         began = time.monotonic()
         server: ServerProcess | None = None
+        manifest_sha256, to_cpu = anchor
         try:
-            try:
-                manifest = self.engine.read_manifest(operation.bucket, operation.prefix)
-            except Exception as exc:
-                uri = snapshots.snapshot_uri(operation.bucket, operation.prefix)
-                raise SnapshotFailed(
-                    f"cannot read snapshot {operation.snapshot_id} ({uri}): "
-                    f"{snapshots.reason_of(exc)}"
-                ) from exc
-            server = self._start_server(record, operation, launch)
-            with _client(server) as client:
-                outcome = snapshots.restore_snapshot(
-                    client,
-                    launch.runtime_dir,
-                    manifest,
-                    engine=self.engine,
-                    bucket=operation.bucket,
-                    timeout=self.settings.kernel_timeout,
-                    progress=operation.report_progress,
-                )
+            # Before a server or kernel exists: a manifest that is not the one recorded is
+            # refused here, and nothing of the snapshot is ever unpickled.
+            manifest = snapshots.open_snapshot(
+                self.engine, operation.bucket, operation.prefix,
+                snapshot_id=operation.snapshot_id, manifest_sha256=manifest_sha256)
+            manifest_ms = _ms_since(began)
+            # The snapshot downloads (verified) while the server and its kernels start.
+            with snapshots.Staging(self.engine, manifest, bucket=operation.bucket,
+                                   root=self.settings.restore_staging,
+                                   timeout=self.settings.kernel_timeout,
+                                   progress=operation.report_progress,
+                                   memory_bytes=launch.limits.memory_bytes,
+                                   uid=launch.uid) as staging:
+                server = self._start_server(record, operation, launch)
+                server_ms = _ms_since(began) - manifest_ms
+                crashpoints.reach("restore.server_started")
+                with _client(server) as client:
+                    outcome = snapshots.restore_snapshot(
+                        client,
+                        launch.runtime_dir,
+                        manifest,
+                        engine=self.engine,
+                        bucket=operation.bucket,
+                        timeout=self.settings.kernel_timeout,
+                        progress=operation.report_progress,
+                        device_arrays_to_cpu=to_cpu,
+                        staged=staging.futures,
+                    )
         except _Cancelled:
             log.info("%s: restore withdrawn", record.workspace_id)
             return
@@ -563,11 +646,9 @@ class NodeAgent:
             if server is not None:
                 with contextlib.suppress(ServerError):
                     servers.stop(server, grace=self.settings.stop_grace)
-            if self._end(record, operation, server_gone=True):
-                self._publish(
-                    WorkspaceRuntimeFailed(record.workspace_id, "resume", reason),
-                    operation.requestid,
-                )
+            cause = exc.cause if isinstance(exc, SnapshotFailed) else None
+            self._end(record, operation, server_gone=True, report=WorkspaceRuntimeFailed(
+                record.workspace_id, "resume", reason, cause=cause))
             return
         restore_ms = int((time.monotonic() - began) * 1000)
         with self._lock:
@@ -576,17 +657,11 @@ class NodeAgent:
             record.restored_from = operation.snapshot_id
             record.kernels_restored = outcome.kernels_restored
             record.restore_ms = restore_ms
-        if self._end(record, operation):
-            self._publish(
-                WorkspaceReady(
-                    record.workspace_id,
-                    server.url,
-                    server.handle,
-                    kernels_restored=outcome.kernels_restored,
-                    restore_ms=restore_ms,
-                ),
-                operation.requestid,
-            )
+            record.phases_ms["restore"] = {"manifest": manifest_ms, "server": server_ms,
+                                           **outcome.phases_ms, "total": restore_ms}
+        self._end(record, operation, report=WorkspaceReady(
+            record.workspace_id, server.url, server.handle,
+            kernels_restored=outcome.kernels_restored, restore_ms=restore_ms))
 
     # -- release and destroy -------------------------------------------------------------
 
@@ -627,27 +702,60 @@ class NodeAgent:
             record.operation = None  # withdraws any operation in flight
             self._save()
         if server is not None:
-            servers.stop(server, grace=self.settings.stop_grace)
+            jupyter = (record.spec or {}).get("ide") == "jupyterlab"
+            servers.stop(server, grace=self.settings.release_grace if jupyter
+                         else self.settings.stop_grace)
         with self._lock:
             if record.server is server:
                 record.server = None
             record.restored_from = None
+            record.devices = {}
             self._save()
 
     # -- helpers -------------------------------------------------------------------------
 
     def _admit(self, spec: Mapping[str, Any]) -> None:
-        why = refusal(spec["profile"], spec["ide"], self.capabilities())
+        why = refusal(spec["profile"], spec["ide"], self._node_capabilities(spec))
         if why is not None:
             raise Refused(why)
 
-    def _launch(self, spec: Mapping[str, Any]) -> ServerLaunch:
+    def _node_capabilities(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The host's capabilities with the accelerators the admin declared for this node
+        (the spec carries them: ``extra.declared_accelerators``)."""
+        caps = self.capabilities()
+        caps["accelerators"] = with_declared(caps.get("accelerators") or {},
+                                             _declared(spec))
+        return caps
+
+    def _devices(self, workspace_id: str, spec: Mapping[str, Any]) -> dict[str, list[int]]:
+        """The accelerator indices the workspace gets: the lowest that no other workspace
+        with a server (or one starting) holds. Called under ``self._lock``."""
+        try:
+            wanted = wanted_accelerators(spec["profile"])
+        except ProfileError as exc:
+            raise Refused(str(exc)) from exc
+        if not wanted:
+            return {}
+        pool = self._node_capabilities(spec)["accelerators"]
+        held = [r.devices for wsid, r in self._records.items() if wsid != workspace_id and (
+            (r.server is not None and r.server.is_alive()) or r.operation is not None)]
+        found = assign_devices(wanted, pool, held)
+        if isinstance(found, str):
+            raise Refused(f"workspace {workspace_id}: {found}")
+        return found
+
+    def _launch(self, spec: Mapping[str, Any], devices: Mapping[str, list[int]]) -> ServerLaunch:
         workspace_id = spec["workspace_id"]
         try:
             python = servers.resolve_python(spec["environment"])
             limits = limits_for(spec["profile"], available_cpus())
         except (ServerError, ProfileError) as exc:
             raise Refused(str(exc)) from exc
+        detected = self.capabilities().get("accelerators") or {}
+        extra_env = device_env(devices, _declared(spec),
+                               host_has_gpus=any(not k.startswith("tpu") for k in detected))
+        uid = self._user(workspace_id, spec, python)
+        extra_env.update(self._identity(spec))
         return ServerLaunch(
             workspace_id=workspace_id,
             home=self.settings.home(workspace_id),
@@ -657,8 +765,45 @@ class NodeAgent:
             python=python,
             limits=limits,
             ide=spec["ide"],
+            extra_env=extra_env,
+            uid=uid,
             **({"base_env": self._base_env} if self._base_env is not None else {}),
         )
+
+    def _identity(self, spec: Mapping[str, Any]) -> dict[str, str]:
+        """The workspace's only Stasis credential, and where to use it: its token
+        (``events.identity``, minted from its id and incarnation under the data dir's
+        workspace key) and the ``workspace_api`` function's URL. Nothing without the
+        functions' URL (an agent outside a stack)."""
+        functions = (self._base_env if self._base_env is not None else os.environ).get(
+            "STASIS_FUNCTIONS_URL")
+        if not functions:
+            return {}
+        extra = spec.get("extra") if isinstance(spec.get("extra"), Mapping) else {}
+        key = workspace_key(self.settings.data_dir)
+        return {identity.TOKEN_VAR: identity.workspace_token(
+                    key, spec["workspace_id"], (extra or {}).get("incarnation")),
+                identity.URL_VAR: f"{functions.rstrip('/')}/workspace_api"}
+
+    def _user(self, workspace_id: str, spec: Mapping[str, Any], python: str) -> int | None:
+        """The workspace's own uid (recorded, else allocated), or None where it cannot have
+        one here; Refused when its team, environment or profile requires isolation then.
+        Called under ``self._lock``."""
+        why = self.isolation.refusal(python, self.settings.homes_dir)
+        if why is not None:
+            required = tenancy.required_by(spec)
+            if required:
+                raise Refused(f"{' and '.join(required)} require(s) a workspace isolated in "
+                              f"a user of its own, which this node cannot give: {why}")
+            return None
+        record = self._records.get(workspace_id)
+        if record is not None and record.uid is not None:
+            return record.uid
+        taken = {r.uid for wsid, r in self._records.items()
+                 if wsid != workspace_id and r.uid is not None}
+        taken |= tenancy.home_owners(self.settings.homes_dir) - {
+            _owner(self.settings.home(workspace_id))}
+        return tenancy.allocate(workspace_id, self.settings.home(workspace_id), taken)
 
     def _start_server(
         self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
@@ -669,7 +814,7 @@ class NodeAgent:
             with self._lock:
                 if record.operation is not operation:
                     raise _Cancelled()
-            server = servers.spawn(launch)
+            server = self._adopt_or_spawn(record, launch)
             with self._lock:
                 if record.operation is not operation:
                     withdrawn = True
@@ -702,18 +847,66 @@ class NodeAgent:
             return server
         raise AssertionError("unreachable")
 
+    def _adopt_or_spawn(self, record: WorkspaceRecord, launch: ServerLaunch) -> ServerProcess:
+        """A warm server of the workspace's environment made its own, else a cold start."""
+        environment = (record.spec or {}).get("environment") or {}
+        warm = (self._pool.take(str(environment.get("id") or ""), launch.python)
+                if launch.ide == "jupyterlab" else None)
+        if warm is not None:
+            try:
+                server = servers.adopt(warm, launch)
+                log.info("%s: adopted warm server pid %d", record.workspace_id, warm.pid)
+                return server
+            except ServerStartError as exc:
+                log.warning("%s: %s; starting cold", record.workspace_id, exc)
+        return servers.spawn(launch)
+
     def _end(
-        self, record: WorkspaceRecord, operation: Operation, *, server_gone: bool = False
+        self, record: WorkspaceRecord, operation: Operation, *, server_gone: bool = False,
+        report: Any = None,
     ) -> bool:
-        """Clear the operation if it is still the current one; False if it was withdrawn."""
+        """Clear the operation if it is still the current one; False if it was withdrawn.
+
+        ``report`` (the payload that says how it ended) is kept in the record by the same
+        save that ends the operation, then published: a crash between the two is repaired
+        by the next start, which sends what is unsent (the control plane's ledger makes a
+        second copy harmless). Ending first and publishing after lost the report: the
+        restarted agent saw no operation and a live server, and the workspace waited in
+        PROVISIONING for the reconciler. The warm pool refills afterwards, so its warming
+        never slows this operation."""
+        self._pool.refill(delay=_REFILL_DELAY)
         with self._lock:
             if record.operation is not operation:
                 return False
             record.operation = None
             if server_gone:
                 record.server = None
+            if report is not None:
+                data, attributes = to_pubsub(new_event(
+                    report, source=self.settings.event_source, requestid=operation.requestid))
+                record.unsent.append({"data": data.decode(), "attributes": attributes})
             self._save()
-            return True
+        crashpoints.reach("agent.operation_ended")
+        self._send_unsent(record)
+        return True
+
+    def _send_unsent(self, record: WorkspaceRecord) -> None:
+        """Publish the record's unsent reports in order; what fails waits for the next
+        start of the agent."""
+        with self._lock:
+            pending = list(record.unsent)
+        for message in pending:
+            try:
+                self.publisher.publish(from_pubsub(message["data"].encode(),
+                                                   message["attributes"]))
+            except Exception:
+                log.exception("%s: could not publish a report; the next start sends it",
+                              record.workspace_id)
+                return
+            with self._lock:
+                if message in record.unsent:
+                    record.unsent.remove(message)
+                self._save()
 
     def _publish_ready(self, record: WorkspaceRecord, requestid: str) -> None:
         server = record.server
@@ -800,6 +993,12 @@ class NodeAgent:
             "ide": record.spec.get("ide"),
             "profile": (record.spec.get("profile") or {}).get("id"),
             "restored_from": record.restored_from,
+            "uid": record.uid,
+            "isolated": record.uid is not None,
+            "node": self.settings.node_name,
+            "devices": record.devices,
+            "declared": sorted(k for k in record.devices if k in _declared(record.spec)),
+            "phases_ms": record.phases_ms,
         }
 
 
@@ -826,15 +1025,66 @@ def parse_spec(workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def _ms_since(began: float) -> int:
+    return int((time.monotonic() - began) * 1000)
+
+
+def _owner(path: Any) -> int | None:
+    try:
+        return int(os.stat(path).st_uid)
+    except OSError:
+        return None
+
+
 def _check_id(workspace_id: str) -> None:
     if not WORKSPACE_ID.fullmatch(workspace_id or ""):
         raise BadRequest(f"not a workspace id: {workspace_id!r} (expected <team>--<name>)")
+
+
+def _own_snapshot(spec: Mapping[str, Any], snapshot_id: str, bucket: str, prefix: str) -> None:
+    """A workspace restores only its own snapshots: ``snapshots/<team>/<workspace>/<id>`` in
+    its own bucket, the team being the workspace id's (never a path the body chose)."""
+    workspace_id = spec["workspace_id"]
+    team = workspace_id.split(WORKSPACE_SEPARATOR, 1)[0]
+    own = f"snapshots/{team}/{workspace_id}/{snapshot_id}"
+    if prefix != own or bucket != spec["snapshot_bucket"]:
+        raise Refused(f"workspace {workspace_id} restores only its own snapshots "
+                      f"(gs://{spec['snapshot_bucket']}/{own}), not gs://{bucket}/{prefix}")
 
 
 def _snapshot_id(body: Mapping[str, Any]) -> str:
     value = _required_str(body, "snapshot_id")
     if not SNAPSHOT_ID.match(value):
         raise BadRequest(f"not a snapshot id: {value!r} (lowercase letters, digits, dashes)")
+    return value
+
+
+def _base(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The snapshot a snapshot request follows (``{"snapshot_id", "prefix",
+    "manifest_sha256"}``), or None."""
+    base = body.get("base")
+    if base is None:
+        return None
+    if not isinstance(base, Mapping) or not isinstance(base.get("prefix"), str):
+        raise BadRequest("base must be {snapshot_id, prefix, manifest_sha256}")
+    return {"snapshot_id": base.get("snapshot_id"), "prefix": base["prefix"],
+            "manifest_sha256": _sha256(base.get("manifest_sha256"), "base.manifest_sha256")}
+
+
+def _anchor(body: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """A restore's manifest sha256 (what the control plane recorded) and whether device
+    arrays go to CPU."""
+    to_cpu = body.get("device_arrays_to_cpu", False)
+    if not isinstance(to_cpu, bool):
+        raise BadRequest("device_arrays_to_cpu must be true or false")
+    return _sha256(body.get("manifest_sha256"), "manifest_sha256"), to_cpu
+
+
+def _sha256(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise BadRequest(f"{name} must be a sha256 (64 lowercase hex digits)")
     return value
 
 
@@ -845,6 +1095,24 @@ def _required_str(body: Mapping[str, Any], name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadRequest(f"{name} is required (a non-empty string)")
     return value
+
+
+def _declared(spec: Mapping[str, Any]) -> dict[str, int]:
+    """The accelerators the admin declared for this node, as the spec carries them."""
+    extra = spec.get("extra") or {}
+    declared = extra.get("declared_accelerators") if isinstance(extra, Mapping) else None
+    if not isinstance(declared, Mapping):
+        return {}
+    return {str(k): int(v) for k, v in declared.items() if isinstance(v, int) and v > 0}
+
+
+def _snapshot_failed(record: WorkspaceRecord, operation: Operation, error: str, *,
+                     duration_ms: int = 0) -> SnapshotFinished:
+    accelerator, count = _accelerator(record.spec)
+    return SnapshotFinished(workspace_id=record.workspace_id,
+                            snapshot_id=str(operation.snapshot_id), succeeded=False,
+                            method="kernel", accelerator=accelerator, accelerator_count=count,
+                            error=error, duration_ms=duration_ms)
 
 
 def _accelerator(spec: Mapping[str, Any]) -> tuple[str | None, int]:

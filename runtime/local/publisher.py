@@ -8,6 +8,10 @@ as the control plane's Bus). ``PubSubPublisher`` sends to ``projects/<project>/t
 An outcome event that cannot be published is retried a few times with backoff: the control
 plane waits for it (a workspace stays PROVISIONING or PAUSING until the reconciler steps
 in), so it is worth more than a log line.
+
+Each event leaves stamped with the publishing component's ``origin`` (``ce-origin``: the
+node agent's, or the cluster monitor's where it uses this publisher), which the control
+plane checks against who may send that event (``functions.domain.publishers``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 from events import Event, to_pubsub
@@ -26,9 +31,16 @@ class Publisher(Protocol):
     def publish(self, event: Event[Any]) -> str: ...
 
 
+#: The components of ``functions.domain.publishers`` that publish through this module.
+NODE_AGENT = "node_agent"
+MONITOR = "monitor"
+
+
 class PubSubPublisher:
-    def __init__(self, project: str, *, attempts: int = 5, timeout: float = 30.0) -> None:
+    def __init__(self, project: str, *, origin: str, attempts: int = 5,
+                 timeout: float = 30.0) -> None:
         self.project = project
+        self.origin = origin
         self.attempts = attempts
         self.timeout = timeout
         self._client: Any = None
@@ -47,7 +59,7 @@ class PubSubPublisher:
     def publish(self, event: Event[Any]) -> str:
         client = self._publisher()
         topic = client.topic_path(self.project, event.topic)
-        data, attributes = to_pubsub(event)
+        data, attributes = to_pubsub(replace(event, origin=self.origin))
         delay = 0.5
         for attempt in range(1, self.attempts + 1):
             try:

@@ -31,9 +31,10 @@ sandbox is never run with less isolation than its runner asked for):
    /root), signal the agent, or re-enter the host's network namespace.
 4. PR_SET_NO_NEW_PRIVS, so no setuid binary gives privileges back; then exec.
 
-``--probe`` does steps 1 and 3 and checks, from inside, that a TCP server the prober runs
-on the host's loopback (``--port``) cannot be reached and that the host's network namespace
-cannot be re-entered; it prints a JSON report. The runner trusts isolation only after it.
+``--probe`` does steps 1 and 3 (each checked on its own) and checks, from inside, that a
+TCP server the prober runs on the host's loopback (``--port``) cannot be reached and that
+the host's network namespace cannot be re-entered; it prints a JSON report. The runner
+trusts isolation only after it.
 """
 
 from __future__ import annotations
@@ -141,17 +142,30 @@ def no_new_privileges() -> None:
 
 
 def probe(port: int, uid: int | None, gid: int | None) -> dict[str, object]:
-    """Isolate, drop, and check from inside what the task will be able to reach."""
-    report: dict[str, object] = {"uid": os.getuid()}
+    """Isolate, drop, and check from inside what the task will be able to reach. The
+    network and the user drop are probed separately: a namespace that cannot be made does
+    not stop the drop from being tested (``user``: True, False with ``user_why``, or None
+    when no drop was asked), so neither is ever assumed from the other."""
+    report: dict[str, object] = {"uid": os.getuid(), "user": None}
     try:
         isolate_network()
-        if uid is not None and gid is not None:
+        network_error = None
+    except SetupError as exc:
+        network_error = str(exc)
+    if uid is not None and gid is not None:
+        try:
             drop_privileges(uid, gid)
+            report["user"] = True
+        except SetupError as exc:
+            report.update(user=False, user_why=str(exc))
+    report["uid"] = os.getuid()
+    try:
         no_new_privileges()
     except SetupError as exc:
-        report.update(network=False, why=str(exc))
+        network_error = network_error or str(exc)
+    if network_error is not None:
+        report.update(network=False, why=network_error)
         return report
-    report["uid"] = os.getuid()
     try:
         # A bytes host: after the drop the standard library may be unreadable (a Python
         # installed under /root), and a str host needs the idna codec imported lazily.
@@ -210,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.net == "isolated":
             isolate_network()
         apply_limits(cpu_seconds=args.cpu_seconds, memory_bytes=args.memory_bytes,
-                     processes=args.processes if args.uid is not None else None,
+                     processes=args.processes,
                      file_bytes=args.file_bytes)
         if args.cwd:
             os.chdir(args.cwd)

@@ -70,6 +70,8 @@ from typing import Any
 
 import psutil
 
+from runtime.supervisor import is_live, write_json
+
 EXEC_PATH = Path(__file__).resolve().with_name("sandbox_exec.py")
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 CHECKPOINT_TIMEOUT = 120.0
@@ -128,12 +130,11 @@ def exec_argv(spec: Mapping[str, Any], argv: Sequence[str], *, cwd: str,
     out = [str(spec.get("python") or sys.executable), "-I", str(EXEC_PATH),
            "--net", net or spec["net"], "--cwd", cwd,
            "--cpu-seconds", str(cpu_seconds), "--memory-bytes", str(memory_bytes),
-           "--file-bytes", str(file_bytes)]
+           "--file-bytes", str(file_bytes), "--processes", str(spec["limits"]["processes"])]
     if cgroup is not None:
         out += ["--cgroup", str(cgroup)]
     if spec.get("uid") is not None:
-        out += ["--uid", str(spec["uid"]), "--gid", str(spec["gid"]),
-                "--processes", str(spec["limits"]["processes"])]
+        out += ["--uid", str(spec["uid"]), "--gid", str(spec["gid"])]
     return [*out, "--", *argv]
 
 
@@ -549,7 +550,7 @@ class Monitor:
         }
         state = {"sequence": sequence, "state": "suspended", "method": how,
                  "since": time.time(), "payload": payload}
-        _write_json_atomic(self.dir / "suspended.json", state)
+        write_json(self.dir / "suspended.json", state)
         watch.suspensions = sequence
         while not self.cancelled and not self.resume_asked and watch.status is None:
             if not (self.dir / "spec.json").exists():
@@ -561,7 +562,7 @@ class Monitor:
         self.hold.thaw()
         held = time.monotonic() - held_from
         state.update(state="cancelled" if self.cancelled else "resumed", held_seconds=held)
-        _write_json_atomic(self.dir / "suspended.json", state)
+        write_json(self.dir / "suspended.json", state)
         self._say(log, f"{state['state']} after {held:.1f} s suspended")
         return held, cost
 
@@ -650,7 +651,7 @@ class Monitor:
                 with contextlib.suppress(psutil.Error, TypeError):
                     if proc.info["uids"].real == self._uid:
                         found[proc.pid] = proc
-        return [p for p in found.values() if _is_live(p)]
+        return [p for p in found.values() if is_live(p)]
 
     def _kill_all(self) -> None:
         for _ in range(50):
@@ -790,19 +791,6 @@ def _io_chars(procs: Sequence[psutil.Process]) -> int:
     return total
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def _is_live(proc: psutil.Process) -> bool:
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.lchown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -841,10 +829,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     directory = Path(args[0]).resolve()
     spec = json.loads((directory / "spec.json").read_text())
-    result = Monitor(directory, spec).run()
-    tmp = directory / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, directory / "result.json")
+    write_json(directory / "result.json", Monitor(directory, spec).run())
     return 0
 
 

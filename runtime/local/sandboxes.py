@@ -19,7 +19,12 @@ sandbox needs nothing the agent's process holds: each one runs under a monitor p
 its own (``runtime.local.sandbox_task``) that outlives an agent restart. The runner here
 only validates, decides the isolation, starts monitors and reports what they leave.
 
-Isolation is decided once per agent by a probe (``detect_isolation``), never assumed:
+Isolation is decided once per agent by a probe (``detect_isolation``), never assumed, and
+fails closed (``Isolation.refusal``): a sandbox whose network namespace or user drop the
+probe did not verify (each probed on its own) is refused with the reason (409: the control
+plane records it FAILED) unless the node's admin set STASIS_SANDBOX_ALLOW_UNISOLATED=1; a
+root agent whose drop failed refuses every sandbox (never a task as root). RLIMIT_NPROC
+applies always.
 
 - **network**: when the probe shows that a process in a new network namespace cannot reach
   a server on the host's loopback nor re-enter the host's namespace, a sandbox without
@@ -27,7 +32,7 @@ Isolation is decided once per agent by a probe (``detect_isolation``), never ass
   ``network`` field, that network isolation is NOT enforced on this host, and why.
   A sandbox with allowed destinations runs on the host network; the local runtime does
   not filter by destination, and its result says so (the Kubernetes runtime does, with a
-  NetworkPolicy: ``functions.domain.sandbox_manifests``).
+  NetworkPolicy: ``functions.kubernetes.objects.sandbox``).
 - **users**: an agent running as root gives each sandbox a user of its own (uid
   200000 + n, no supplementary groups): it cannot read root's files, signal other
   processes, or leave its namespace, and RLIMIT_NPROC counts its processes alone. The
@@ -72,7 +77,8 @@ from typing import Any
 import psutil
 from flask import Blueprint, Flask, jsonify, request
 
-from events import SandboxFinished, SandboxSuspended, new_event
+from events import SandboxFinished, SandboxSuspended, crashpoints, new_event
+from runtime import supervisor
 from runtime.local.node import BadRequest, NotFound, Refused
 from runtime.local.publisher import Publisher
 from runtime.local.sandbox_task import EXEC_PATH, reachable_by_others
@@ -85,6 +91,8 @@ UID_BASE = 200_000
 UID_COUNT = 50_000
 LIMIT_KEYS = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes")
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: The node admin's consent to sandboxes whose isolation the probe could not verify.
+ALLOW_UNISOLATED = "STASIS_SANDBOX_ALLOW_UNISOLATED"
 _PROBE_TIMEOUT = 20.0
 _FINISHED_FIELDS = {f.name for f in dataclasses.fields(SandboxFinished)}
 _SUSPENDED_FIELDS = {f.name for f in dataclasses.fields(SandboxSuspended)}
@@ -99,6 +107,32 @@ class Isolation:
     network: bool
     separate_users: bool
     detail: str
+    #: Why a root agent's sandboxes cannot get a user of their own ("" when they can).
+    users_detail: str = ""
+
+    def refusal(self, allowed: list[str], *, agent_uid: int,
+                allow_unisolated: bool) -> str | None:
+        """Why this host must not run a sandbox (None: it may). Fails closed: what the probe
+        did not verify is refused unless the node's admin allowed unisolated sandboxes
+        (STASIS_SANDBOX_ALLOW_UNISOLATED=1); a task never runs as root."""
+        if agent_uid == 0 and not self.separate_users:
+            # Without a verified drop the task would be root on this host.
+            return ("refused: the sandbox's own user could not be verified on this host "
+                    f"({self.users_detail or 'the probe did not drop privileges'}), and a "
+                    "task never runs as root")
+        if allow_unisolated:
+            return None
+        if not allowed and not self.network:
+            return ("refused: network isolation could not be verified on this host "
+                    f"({self.detail}); the task would reach this host's loopback services. "
+                    "An admin may allow unisolated sandboxes on this node "
+                    "(STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+        if agent_uid != 0:
+            return (f"refused: the node agent runs as uid {agent_uid}, not root, so the task "
+                    "would run as the agent's own user (its state, every workspace's home "
+                    "and token readable). An admin may allow unisolated sandboxes on this "
+                    "node (STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+        return None
 
     def statement(self, allowed: list[str]) -> str:
         """The ``network`` field of a sandbox's result: what it could reach, as enforced."""
@@ -133,15 +167,17 @@ def detect_isolation(python: str = sys.executable) -> Isolation:
             report = json.loads(done.stdout or "{}")
         except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
             return Isolation(False, False, f"the isolation probe failed: {exc}")
-    if separate_users and report.get("uid") != probe_uid:
+    users_detail = ""
+    if separate_users and (report.get("user") is not True or report.get("uid") != probe_uid):
         separate_users = False
+        users_detail = str(report.get("user_why") or f"the probe ran as uid {report.get('uid')}")
     if report.get("network"):
         users = "; each sandbox runs as its own user" if separate_users else ""
         return Isolation(True, separate_users,
                          f"network namespaces (host loopback {report.get('host_loopback')}, "
-                         f"setns: {report.get('setns')}){users}")
+                         f"setns: {report.get('setns')}){users}", users_detail)
     why = report.get("why") or (done.stderr.strip().splitlines() or ["no report"])[-1]
-    return Isolation(False, separate_users, str(why))
+    return Isolation(False, separate_users, str(why), users_detail)
 
 
 def sandbox_root(settings: AgentSettings, isolation: Isolation,
@@ -246,13 +282,18 @@ class SandboxRunner:
                     self._spawn(sandbox_id, self._report, sandbox_id, True)
                 return {"sandbox_id": sandbox_id, "accepted": True,
                         "detail": f"already {state}"}
+            refused = self.isolation.refusal(
+                list(spec["allowed_network"]), agent_uid=os.geteuid(),
+                allow_unisolated=self.environ.get(ALLOW_UNISOLATED, "") in ("1", "true"))
+            if refused is not None:  # nothing is written: the control plane records FAILED
+                raise Refused(f"sandbox {sandbox_id} {refused}")
             if not self.root.is_dir():  # removed under a running agent (a cleanup)
                 self.root.mkdir(parents=True, exist_ok=True)
                 os.chmod(self.root, 0o711)
             directory.mkdir(mode=0o711, exist_ok=True)  # exists: a start that crashed
             os.chmod(directory, 0o711)
             spec.update(self._decisions(spec))
-            _write_json(directory / "spec.json", spec)
+            supervisor.write_json(directory / "spec.json", spec)
             self._launch(spec)
         return {"sandbox_id": sandbox_id, "accepted": True, "detail": "started",
                 "network": spec["network"]}
@@ -293,19 +334,14 @@ class SandboxRunner:
         repo_root = str(self.settings.repo_root)
         python_path = os.pathsep.join(p for p in (repo_root, self.environ.get("PYTHONPATH"))
                                       if p)
-        with open(directory / "monitor.log", "ab") as out:
-            popen = subprocess.Popen(
-                [self.python, "-m", "runtime.local.sandbox_task", str(directory)],
-                cwd=repo_root, env={**self.environ, "PYTHONPATH": python_path},
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True)
-        try:
-            create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            create_time = time.time()
-        _write_json(directory / "monitor.json", {"pid": popen.pid, "create_time": create_time})
-        log.info("sandbox %s: monitor pid %d (%s)", spec["sandbox_id"], popen.pid, spec["net"])
-        self._spawn(spec["sandbox_id"], self._wait_popen, spec["sandbox_id"], popen)
+        monitor = supervisor.spawn(
+            [self.python, "-m", "runtime.local.sandbox_task", str(directory)],
+            log_path=directory / "monitor.log", cwd=Path(repo_root),
+            env={**self.environ, "PYTHONPATH": python_path})
+        supervisor.write_json(directory / "monitor.json",
+                              {"pid": monitor.pid, "create_time": monitor.create_time})
+        log.info("sandbox %s: monitor pid %d (%s)", spec["sandbox_id"], monitor.pid, spec["net"])
+        self._spawn(spec["sandbox_id"], self._wait_popen, spec["sandbox_id"], monitor.popen)
 
     # -- watching and reporting ------------------------------------------------------------
 
@@ -340,8 +376,8 @@ class SandboxRunner:
                 log.exception("sandbox %s: publishing sandbox.suspended failed (retried)",
                               sandbox_id)
                 return
-        _write_json(directory / "suspension.reported", {"sequence": sequence,
-                                                        "at": datetime.now(UTC).isoformat()})
+        supervisor.write_json(directory / "suspension.reported",
+                              {"sequence": sequence, "at": datetime.now(UTC).isoformat()})
 
     def _report(self, sandbox_id: str, again: bool = False) -> None:
         directory = self.root / sandbox_id
@@ -352,6 +388,7 @@ class SandboxRunner:
             spec = self._spec(sandbox_id)
             event = new_event(payload, source=self.settings.event_source,
                               requestid=spec.get("requestid"))
+        crashpoints.reach("sandbox.result_uploaded")
         for attempt in range(3):
             try:
                 message_id = self.publisher.publish(event)
@@ -362,8 +399,8 @@ class SandboxRunner:
                 time.sleep(2.0 * (attempt + 1))
         else:
             return  # left unreported: the next start of the agent reports it
-        _write_json(directory / "reported", {"message_id": message_id,
-                                             "at": datetime.now(UTC).isoformat()})
+        supervisor.write_json(directory / "reported",
+                              {"message_id": message_id, "at": datetime.now(UTC).isoformat()})
 
     def _finished(self, sandbox_id: str) -> SandboxFinished:
         directory = self.root / sandbox_id
@@ -471,10 +508,8 @@ class SandboxRunner:
         if not monitor:
             return False
         try:
-            proc = psutil.Process(int(monitor["pid"]))
-            return bool(abs(proc.create_time() - float(monitor["create_time"])) < 0.5
-                        and proc.status() != psutil.STATUS_ZOMBIE)
-        except (psutil.Error, KeyError, ValueError):
+            return supervisor.same_process(int(monitor["pid"]), float(monitor["create_time"]))
+        except (KeyError, TypeError, ValueError):
             return False
 
     def _spawn(self, sandbox_id: str, target: Callable[..., None], *args: Any) -> None:
@@ -488,12 +523,6 @@ class SandboxRunner:
         with self._lock:
             self._threads.append(thread)
         thread.start()
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

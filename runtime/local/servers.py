@@ -1,6 +1,7 @@
-"""Process supervision of workspace servers: start one, know when it answers, stop all of it.
+"""Workspace servers: start one, know when it answers, stop all of it.
 
-Promises:
+The process-group mechanics are ``runtime.supervisor``'s (shared with the local stack);
+this module knows what a JupyterLab or code-server start looks like. Promises:
 
 - A server runs in its own session and process group (``start_new_session``), started
   through the ``launch`` trampoline so its limits bind everything it starts. Servers
@@ -11,6 +12,10 @@ Promises:
   and the error carries its log tail.
 - JupyterLab takes its token from ``JUPYTER_TOKEN``, code-server its password from
   ``PASSWORD``: never on the command line, which every local user can read.
+- Both are configured for the IDE access proxy's path ``/w/<workspace id>/``
+  (``events.payloads.ide_path``): JupyterLab serves under it (``base_url``, so the
+  proxy forwards paths unchanged); code-server serves at its root and works relatively
+  behind a prefix, told the prefix only for its ``/absproxy`` (``--abs-proxy-base-path``).
 - ``stop`` leaves no process behind. Jupyter starts every kernel in a session of its own
   (jupyter_client's launcher), so signalling the server's group is not enough: the stop
   collects the server's group, its descendants, and every process whose environment
@@ -22,24 +27,29 @@ Promises:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 import requests
 
-from runtime.local.host import Limits
+from events.identity import KEY_VAR
+from events.payloads import ide_path, ide_server_path
+from runtime import supervisor
+from runtime.local import tenancy, userenv
+from runtime.local.host import Limits, code_server_command
+from runtime.local.settings import TOKEN_VAR
+from runtime.local.warm import WarmServer
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +57,22 @@ HOST = "127.0.0.1"
 MARKER_VAR = "STASIS_SERVER_INSTANCE"
 WORKSPACE_VAR = "STASIS_WORKSPACE_ID"
 _POLL = 0.1
-_KILL_WAIT = 10.0
 _TAIL_LINES = 30
-_TAIL_BYTES = 64 * 1024
-_CREATE_TIME_SLACK = 0.5
 _BIND_RACE = ("already in use", "address in use")
 # Variables of the agent's own environment that must not leak into a workspace's server.
-_DROPPED_PREFIXES = ("JPY_", "JUPYTER_", "STASIS_SERVER_", "VIRTUAL_ENV_PROMPT")
+_DROPPED_PREFIXES = ("JPY_", "JUPYTER_", "STASIS_SERVER_", "VIRTUAL_ENV_PROMPT",
+                     "STASIS_SLACK_")
+# The control plane's credentials: a kernel that had them could drive the node agent, the
+# sidecars, or forge the front doors' requests and sessions.
+_DROPPED_NAMES = frozenset({TOKEN_VAR, "STASIS_SIDECAR_KEY", "STASIS_SESSION_SECRET",
+                            "STASIS_ALERTMANAGER_TOKEN", KEY_VAR})
+# What an isolated workspace's server takes from the agent's environment: the locale, the
+# terminal, the search paths. What the server sets itself (home, venv, Jupyter's paths,
+# the workspace's markers and devices) comes on top.
+_ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TERM", "TZ", "SHELL", "PYTHONPATH",
+                      "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "NVIDIA_VISIBLE_DEVICES",
+                      "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS"})
+_ALLOWED_PREFIXES = ("LC_",)
 
 
 class ServerError(RuntimeError):
@@ -84,6 +103,9 @@ class ServerProcess:
     log_offset: int = 0
     python: str = ""
     ide: str = "jupyterlab"
+    #: The path the server serves under (JupyterLab's base_url; "" for code-server, and
+    #: for servers started before base paths).
+    base_path: str = ""
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -93,7 +115,7 @@ class ServerProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{HOST}:{self.port}{self.base_path.rstrip('/')}"
 
     @property
     def url(self) -> str:
@@ -112,17 +134,10 @@ class ServerProcess:
         recycled by another process)."""
         if self.popen is not None and self.popen.poll() is not None:
             return False
-        try:
-            proc = psutil.Process(self.pid)
-            return bool(
-                abs(proc.create_time() - self.create_time) <= _CREATE_TIME_SLACK
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
+        return supervisor.same_process(self.pid, self.create_time)
 
     def log_tail(self, lines: int = _TAIL_LINES) -> str:
-        return read_tail(Path(self.log_path), self.log_offset, lines)
+        return supervisor.read_tail(Path(self.log_path), self.log_offset, lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,6 +152,7 @@ class ServerProcess:
             "log_offset": self.log_offset,
             "python": self.python,
             "ide": self.ide,
+            "base_path": self.base_path,
         }
 
     @classmethod
@@ -153,6 +169,7 @@ class ServerProcess:
             log_offset=int(data.get("log_offset", 0)),
             python=str(data.get("python", "")),
             ide=str(data.get("ide", "jupyterlab")),
+            base_path=str(data.get("base_path", "")),
         )
 
 
@@ -169,6 +186,10 @@ class ServerLaunch:
     limits: Limits = field(default_factory=Limits)
     ide: str = "jupyterlab"
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Set on top (the workspace's accelerators: ``CUDA_VISIBLE_DEVICES``).
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The workspace's own OS user (``runtime.local.tenancy``); None: the agent's.
+    uid: int | None = None
 
 
 def resolve_python(environment: Mapping[str, Any]) -> str:
@@ -192,42 +213,70 @@ def server_argv(launch: ServerLaunch, port: int) -> list[str]:
         argv += ["--memory-bytes", str(launch.limits.memory_bytes)]
     if launch.limits.cpus:
         argv += ["--cpus", ",".join(str(c) for c in launch.limits.cpus)]
+    if launch.uid is not None:
+        argv += ["--user", str(launch.uid)]
     if launch.ide == "vscode":
         data = launch.home / ".local" / "share" / "code-server"
         return [
             *argv,
             "--",
-            shutil.which("code-server") or "code-server",
+            *(code_server_command() or ["code-server"]),
             "--bind-addr", f"{HOST}:{port}",
             "--auth", "password",
             "--disable-telemetry",
             "--disable-update-check",
+            "--disable-workspace-trust",
+            "--abs-proxy-base-path", ide_path(launch.workspace_id).rstrip("/"),
             "--user-data-dir", str(data),
             "--extensions-dir", str(data / "extensions"),
             str(launch.home),
         ]  # fmt: skip
-    argv += [
-        "--",
-        launch.python, "-m", "jupyterlab",
+    return [*argv, "--", launch.python, "-m", "jupyterlab", *jupyterlab_args(launch, port)]
+
+
+def jupyterlab_args(launch: ServerLaunch, port: int) -> list[str]:
+    """JupyterLab's own arguments, the same for a cold start and an adopted warm server."""
+    args = [
         "--no-browser",
         f"--ServerApp.ip={HOST}",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={launch.home}",
+        f"--ServerApp.base_url={base_path(launch)}",
         "--ServerApp.allow_remote_access=False",
         # No network calls from a workspace server on its own.
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.news_url=",
+        "--LabApp.extension_manager=readonly",  # lists installed ones, asks no index
+        # Trimmed from every start: jupyter_lsp scans PATH for 19 language servers, none
+        # installed here, with the CPU the new workspace's kernel needs (JupyterLab's own
+        # LSP features are off unless a user turns them on and installs a server).
+        "--ServerApp.jpserver_extensions=jupyter_lsp=False",
     ]  # fmt: skip
-    if os.geteuid() == 0:
-        argv.append("--allow-root")
-    return argv
+    if os.geteuid() == 0 and launch.uid is None:
+        args.append("--allow-root")
+    return args
+
+
+def base_path(launch: ServerLaunch) -> str:
+    """The path the IDE's server serves under (``events.payloads.ide_server_path``)."""
+    return ide_server_path(launch.ide, launch.workspace_id)
 
 
 def server_env(launch: ServerLaunch, *, token: str, marker: str) -> dict[str, str]:
-    """The server's environment: the agent's (emulator hosts, credentials), minus Jupyter
-    variables of its own, plus the workspace's home, runtime dir and markers."""
-    env = {k: v for k, v in launch.base_env.items() if not k.startswith(_DROPPED_PREFIXES)}
+    """The server's environment, plus the workspace's home and venv, runtime dir and
+    markers. A workspace with a user of its own gets only the allow-list of the agent's
+    (``_ALLOWED``: no emulator host, project, bucket or credential of any kind); one that
+    shares the agent's user gets the agent's minus Jupyter variables of its own and the
+    control plane's credentials (hiding more would be no boundary: the same user reads
+    the agent's ``/proc/<pid>/environ``)."""
+    if launch.uid is not None:
+        env = {k: v for k, v in launch.base_env.items()
+               if k in _ALLOWED or k.startswith(_ALLOWED_PREFIXES)}
+        env.update(tenancy.user_env(launch.uid))
+    else:
+        env = {k: v for k, v in launch.base_env.items()
+               if not k.startswith(_DROPPED_PREFIXES) and k not in _DROPPED_NAMES}
     home = str(launch.home)
     python_path = [str(launch.repo_root)]
     if env.get("PYTHONPATH"):
@@ -237,12 +286,17 @@ def server_env(launch: ServerLaunch, *, token: str, marker: str) -> dict[str, st
             "HOME": home,
             "PYTHONUSERBASE": str(launch.home / ".local"),
             "PIP_CACHE_DIR": str(launch.home / ".cache" / "pip"),
+            # A terminal's python and pip are the home venv's (runtime.local.userenv).
+            "VIRTUAL_ENV": str(userenv.venv_dir(launch.home)),
+            "PATH": os.pathsep.join(p for p in (str(userenv.venv_dir(launch.home) / "bin"),
+                                                env.get("PATH", os.defpath)) if p),
             "JUPYTER_RUNTIME_DIR": str(launch.runtime_dir),
             "PYTHONPATH": os.pathsep.join(python_path),
             WORKSPACE_VAR: launch.workspace_id,
             MARKER_VAR: marker,
         }
     )
+    env.update(launch.extra_env)
     env["PASSWORD" if launch.ide == "vscode" else "JUPYTER_TOKEN"] = token
     return env
 
@@ -265,38 +319,72 @@ def start(launch: ServerLaunch, *, timeout: float, attempts: int = 3) -> ServerP
 
 def spawn(launch: ServerLaunch) -> ServerProcess:
     """Start the server process (not waiting for it)."""
+    launch, token, marker, port = _prepare(launch)
+    argv = server_argv(launch, port)
+    try:
+        child = supervisor.spawn(argv, log_path=launch.log_path, cwd=launch.home,
+                                 env=server_env(launch, token=token, marker=marker),
+                                 header=f"start on port {port}: {' '.join(argv)}")
+    except OSError as exc:
+        raise ServerStartError(f"cannot execute {argv[0]!r}: {exc}") from exc
+    return _record(launch, child.popen, child.create_time, child.log_offset,
+                   port=port, token=token, marker=marker)
+
+
+def adopt(warm: WarmServer, launch: ServerLaunch) -> ServerProcess:
+    """Make a warm server (``runtime.local.warm``) this workspace's: hand it the launch a
+    cold start would get (arguments, environment with a fresh token and marker, limits,
+    home, log), not waiting for it to answer. It keeps its pid, so the record is as true
+    as a spawned one's. Raises ServerStartError when it cannot take the launch (it is
+    stopped; the caller starts cold)."""
+    launch, token, marker, port = _prepare(launch)
+    args = jupyterlab_args(launch, port)
+    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(launch.log_path, "ab") as log_file:
+        offset = log_file.tell()
+        log_file.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} adopted warm server "
+                       f"{warm.pid} on port {port}: {' '.join(args)}\n".encode())
+    order = {
+        "argv": args,
+        "env": server_env(launch, token=token, marker=marker),
+        "cwd": str(launch.home),
+        "log": str(launch.log_path),
+        "memory_bytes": launch.limits.memory_bytes,
+        "cpus": list(launch.limits.cpus) if launch.limits.cpus else None,
+        "uid": launch.uid,
+    }
+    try:
+        assert warm.popen.stdin is not None
+        warm.popen.stdin.write(json.dumps(order).encode() + b"\n")
+        warm.popen.stdin.close()
+    except (OSError, ValueError) as exc:
+        warm.stop()
+        raise ServerStartError(f"the warm server {warm.pid} could not take the launch: {exc}"
+                               ) from exc
+    return _record(launch, warm.popen, warm.create_time, offset,
+                   port=port, token=token, marker=marker)
+
+
+def _prepare(launch: ServerLaunch) -> tuple[ServerLaunch, str, str, int]:
+    """The home, its venv and the private runtime dir made; the launch on the home's venv
+    (a pip install lands in the home: ``runtime.local.userenv``, whose kernel spec makes a
+    warm server's kernels the venv's too); a fresh token, marker and port."""
     launch.home.mkdir(parents=True, exist_ok=True)
     launch.runtime_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(launch.runtime_dir, 0o700)
-    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-    token = os.urandom(32).hex()
-    marker = uuid.uuid4().hex
-    port = free_port()
-    argv = server_argv(launch, port)
-    with open(launch.log_path, "ab") as log_file:
-        offset = log_file.tell()
-        log_file.write(
-            f"=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} start on port {port}: "
-            f"{' '.join(argv)}\n".encode()
-        )
-        log_file.flush()
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=launch.home,
-                env=server_env(launch, token=token, marker=marker),
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise ServerStartError(f"cannot execute {argv[0]!r}: {exc}") from exc
+    if launch.uid is not None:  # the user's own, before anything of theirs is made
+        tenancy.own(launch.home, launch.uid)
+        tenancy.own(launch.runtime_dir, launch.uid)
     try:
-        create_time = psutil.Process(popen.pid).create_time()
-    except psutil.NoSuchProcess:
-        create_time = time.time()
+        own = userenv.ensure(launch.home, launch.python, launch.uid)
+    except userenv.UserEnvError as exc:
+        raise ServerStartError(f"the workspace's venv: {exc}") from exc
+    launch = replace(launch, python=str(own.python), extra_env={**own.env, **launch.extra_env})
+    return launch, os.urandom(32).hex(), uuid.uuid4().hex, supervisor.free_port()
+
+
+def _record(launch: ServerLaunch, popen: subprocess.Popen[bytes], create_time: float,
+            log_offset: int, *, port: int, token: str, marker: str) -> ServerProcess:
     return ServerProcess(
         workspace_id=launch.workspace_id,
         pid=popen.pid,
@@ -306,9 +394,10 @@ def spawn(launch: ServerLaunch) -> ServerProcess:
         create_time=create_time,
         started_at=time.time(),
         log_path=str(launch.log_path),
-        log_offset=offset,
+        log_offset=log_offset,
         python=launch.python,
         ide=launch.ide,
+        base_path=base_path(launch),
         popen=popen,
     )
 
@@ -318,60 +407,45 @@ def wait_ready(server: ServerProcess, *, timeout: float) -> float:
     seconds it took.
     On exit or timeout the server is stopped and ServerStartError raised with its log."""
     began = time.monotonic()
-    deadline = began + timeout
     session = requests.Session()
     session.trust_env = False  # loopback probes never go through a proxy
     headers = {"Authorization": f"token {server.token}"}
+
+    def answers(_: ServerProcess, seconds: float) -> bool:
+        with contextlib.suppress(requests.RequestException):
+            response = session.get(f"{server.base_url}{server.ready_path}", headers=headers,
+                                   timeout=seconds)
+            return response.status_code == 200
+        return False
+
+    def gone(_: ServerProcess) -> str | None:
+        if server.is_alive():
+            return None
+        code = server.popen.poll() if server.popen is not None else None
+        return f"exited with code {code}" if code is not None else "exited"
+
     try:
-        while True:
-            if not server.is_alive():
-                code = server.popen.poll() if server.popen is not None else None
-                why = f"exited with code {code}" if code is not None else "exited"
-                raise ServerStartError(_with_tail(f"the server {why} before it answered", server))
-            with contextlib.suppress(requests.RequestException):
-                response = session.get(
-                    f"{server.base_url}{server.ready_path}", headers=headers, timeout=2
-                )
-                if response.status_code == 200:
-                    return time.monotonic() - began
-            if time.monotonic() >= deadline:
-                raise ServerStartError(
-                    _with_tail(
-                        f"the server did not answer on port {server.port} within {timeout:g}s",
-                        server,
-                    )
-                )
-            time.sleep(_POLL)
-    except ServerStartError:
-        with contextlib.suppress(ServerError):
-            stop(server, grace=2)
-        raise
+        ready, failed = supervisor.await_ready([server], answers=answers, gone=gone,
+                                               timeout=timeout, interval=_POLL, probe_timeout=2)
     finally:
         session.close()
+    if ready:
+        return ready[0][1] - began
+    why = failed[0][1]
+    with contextlib.suppress(ServerError):
+        stop(server, grace=2)
+    raise ServerStartError(_with_tail(
+        f"the server {why} before it answered" if why else
+        f"the server did not answer on port {server.port} within {timeout:g}s", server))
 
 
 def stop(server: ServerProcess, *, grace: float) -> None:
     """Stop the server and everything it started; returns when none of it is left.
     Idempotent. Raises ServerStopError if something survives SIGKILL."""
-    targets = _tree(server)
-    if targets:
-        _signal_all(targets, signal.SIGTERM, server)
-        _, alive = psutil.wait_procs(targets, timeout=grace)
-        # A kernel may have been (re)started during the grace period.
-        alive = _merge(alive, _tree(server))
-        if alive:
-            log.info(
-                "%s: %d processes still alive after %.1fs, killing",
-                server.workspace_id,
-                len(alive),
-                grace,
-            )
-            _signal_all(alive, signal.SIGKILL, server)
-            psutil.wait_procs(alive, timeout=_KILL_WAIT)
+    left = supervisor.terminate(lambda: _tree(server), grace=grace)
     if server.popen is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            server.popen.wait(timeout=_KILL_WAIT)
-    left = _tree(server)
+            server.popen.wait(timeout=supervisor.KILL_WAIT)
     if left:
         raise ServerStopError(
             f"{server.workspace_id}: processes survived SIGKILL: {sorted(p.pid for p in left)}"
@@ -379,83 +453,18 @@ def stop(server: ServerProcess, *, grace: float) -> None:
 
 
 def _tree(server: ServerProcess) -> list[psutil.Process]:
-    """Live processes that belong to this start of the server."""
-    found: dict[int, psutil.Process] = {}
-    leader: psutil.Process | None = None
-    if server.is_alive():
-        with contextlib.suppress(psutil.Error):
-            leader = psutil.Process(server.pid)
-            found[leader.pid] = leader
-            for child in leader.children(recursive=True):
-                found[child.pid] = child
-    me = os.getpid()
+    """Live processes that belong to this start of the server: its group and descendants,
+    and every process whose environment carries this start's marker (kernels, which
+    jupyter_client starts in sessions of their own, and their children)."""
+    found = supervisor.process_tree(server.pid, server.create_time)
+    known = {p.pid for p in found} | {os.getpid()}
     for proc in psutil.process_iter():
-        if proc.pid in found or proc.pid == me:
+        if proc.pid in known:
             continue
-        try:
-            in_group = leader is not None and os.getpgid(proc.pid) == server.pgid
-            if in_group or proc.environ().get(MARKER_VAR) == server.marker:
-                found[proc.pid] = proc
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return [p for p in found.values() if _is_live(p)]
-
-
-def _signal_all(
-    procs: Iterable[psutil.Process], sig: signal.Signals, server: ServerProcess
-) -> None:
-    own_group = os.getpgrp()
-    groups: set[int] = set()
-    for proc in procs:
         with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            groups.add(os.getpgid(proc.pid))
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(sig)
-    for pgid in groups:
-        # Never our own group, nor init's: a process may have joined neither, but be safe.
-        if pgid in (own_group, 0, 1):
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    log.debug(
-        "%s: sent %s to %d processes in %d groups",
-        server.workspace_id,
-        sig.name,
-        len(groups),
-        len(groups),
-    )
-
-
-def _merge(a: list[psutil.Process], b: list[psutil.Process]) -> list[psutil.Process]:
-    merged = {p.pid: p for p in a if _is_live(p)}
-    for p in b:
-        merged.setdefault(p.pid, p)
-    return list(merged.values())
-
-
-def _is_live(proc: psutil.Process) -> bool:
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def read_tail(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(offset, size - _TAIL_BYTES))
-            text = f.read().decode(errors="replace")
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-    tail = text.splitlines()[-lines:]
-    return "\n".join(tail) if tail else "(the log is empty)"
+            if proc.environ().get(MARKER_VAR) == server.marker:
+                found.append(proc)
+    return supervisor.merge(found)
 
 
 def _with_tail(message: str, server: ServerProcess) -> str:

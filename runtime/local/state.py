@@ -18,11 +18,13 @@ import fcntl
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from runtime.local.servers import ServerProcess
+from runtime.supervisor import write_json
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,22 @@ class Operation:
     snapshot_id: str | None = None
     bucket: str | None = None
     prefix: str | None = None
-    #: Bytes transferred so far and in all, for `stasis ws pause|resume` (not persisted).
+    #: Bytes transferred so far and in all, and when the first one moved (Unix seconds),
+    #: for the portal and `stasis ws pause|resume --wait` (not persisted).
     done_bytes: int = 0
     total_bytes: int = 0
+    first_byte_at: float | None = None
 
     def report_progress(self, done: int, total: int) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = time.time()
         self.done_bytes, self.total_bytes = done, total
+
+    def progress(self) -> dict[str, Any]:
+        """The raw report ``functions.domain.progress.describe`` reads."""
+        return {"phase": self.kind, "started_at": self.started_at,
+                "first_byte_at": self.first_byte_at, "done_bytes": self.done_bytes,
+                "total_bytes": self.total_bytes, "observed_at": time.time()}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +93,21 @@ class WorkspaceRecord:
     restored_from: str | None = None
     kernels_restored: int = 0
     restore_ms: int | None = None
+    #: The accelerator indices its server was given, by type (``CUDA_VISIBLE_DEVICES``).
+    devices: dict[str, list[int]] = field(default_factory=dict)
+    #: The workspace's own OS user (``runtime.local.tenancy``), kept for every later start;
+    #: None: it runs as the agent's user.
+    uid: int | None = None
+    #: Reports of ended operations not yet published, as Pub/Sub messages (``data`` as
+    #: text, ``attributes``): saved with the operation's end, so a crash before the
+    #: publish is repaired by the next start sending them.
+    unsent: list[dict[str, Any]] = field(default_factory=list)
+    #: Where the last operation of each kind spent its time, in ms (``restore``:
+    #: ``manifest``, ``server``, then ``restore_snapshot``'s phases; ``snapshot``:
+    #: ``take_snapshot``'s and ``accepted_at_ms``, when the agent took the request, epoch
+    #: ms). Shown by GET /workspaces/<id> for benchmarks and operators; not saved (a
+    #: restart forgets it).
+    phases_ms: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +118,9 @@ class WorkspaceRecord:
             "restored_from": self.restored_from,
             "kernels_restored": self.kernels_restored,
             "restore_ms": self.restore_ms,
+            "devices": self.devices,
+            "uid": self.uid,
+            "unsent": self.unsent,
         }
 
     @classmethod
@@ -106,6 +136,9 @@ class WorkspaceRecord:
             restored_from=data.get("restored_from"),
             kernels_restored=int(data.get("kernels_restored") or 0),
             restore_ms=data.get("restore_ms"),
+            devices={str(k): [int(i) for i in v] for k, v in (data.get("devices") or {}).items()},
+            uid=int(data["uid"]) if data.get("uid") is not None else None,
+            unsent=[dict(m) for m in data.get("unsent") or []],
         )
 
 
@@ -138,15 +171,8 @@ class StateFile:
             "agent_pid": os.getpid(),
             "workspaces": {wsid: r.to_json() for wsid, r in sorted(records.items())},
         }
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(body, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
         # The file holds every server's token: readable by the agent's user only.
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.path)
+        write_json(self.path, body, mode=0o600)
 
 
 class AgentLockError(RuntimeError):

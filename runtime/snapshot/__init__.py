@@ -11,10 +11,17 @@ Modules, each owning one thing:
   :func:`restore_kernel` over the Jupyter kernel protocol.
 - ``inkernel``  what runs inside the kernel: ``capture``/``restore`` of a namespace dict.
 - ``pickling``  namespace to bytes and back (cloudpickle, protocol 5, out-of-band buffers).
-- ``transfer``  parallel part upload/download with sha256 per part.
-- ``layout``    object names and how the byte stream is cut into parts (pure).
+- ``devices``   torch tensors and JAX arrays, on CPU or an accelerator, as segments; the
+  accelerator rules of a restore.
+- ``transfer``  parallel part upload/download with a BLAKE3 digest per part, device
+  memory staged through bounded host buffers.
+- ``staging``   a restore downloaded by the driver while the kernel starts, into
+  shared-memory files the kernel maps (:func:`kernels.stage_kernel`).
+- ``layout``    object names, the content-addressed part pool, and how the byte stream is
+  cut into parts (pure).
 - ``manifest``  the workspace manifest, written last: :func:`write_manifest`,
-  :func:`read_manifest`, :func:`delete_prefix`, :func:`manifest_sha256`.
+  :func:`read_manifest`, :func:`delete_prefix`, :func:`manifest_sha256`,
+  :func:`manifest_parts`, :func:`reusable_parts`.
 - ``storage``   the only module that talks to Cloud Storage.
 - ``errors``    :class:`SnapshotError` and its subclasses.
 
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
         ManifestError,
         ObjectNotFound,
         RestoreFailed,
+        RestoreRefused,
         SnapshotError,
         SnapshotIntegrityError,
         SnapshotTimeout,
@@ -42,7 +50,14 @@ if TYPE_CHECKING:
     )
     from .kernels import restore_kernel, snapshot_kernel
     from .layout import FORMAT
-    from .manifest import delete_prefix, manifest_sha256, read_manifest, write_manifest
+    from .manifest import (
+        delete_prefix,
+        manifest_parts,
+        manifest_sha256,
+        read_manifest,
+        reusable_parts,
+        write_manifest,
+    )
 
 _EXPORTS = {
     "snapshot_kernel": "kernels",
@@ -51,12 +66,15 @@ _EXPORTS = {
     "read_manifest": "manifest",
     "delete_prefix": "manifest",
     "manifest_sha256": "manifest",
+    "manifest_parts": "manifest",
+    "reusable_parts": "manifest",
     "FORMAT": "layout",
     "SnapshotError": "errors",
     "SnapshotTimeout": "errors",
     "KernelUnavailable": "errors",
     "CaptureFailed": "errors",
     "RestoreFailed": "errors",
+    "RestoreRefused": "errors",
     "SnapshotIntegrityError": "errors",
     "ManifestError": "errors",
     "StorageError": "errors",
@@ -71,15 +89,18 @@ __all__ = [
     "ManifestError",
     "ObjectNotFound",
     "RestoreFailed",
+    "RestoreRefused",
     "SnapshotError",
     "SnapshotIntegrityError",
     "SnapshotTimeout",
     "StorageError",
     "TransientStorageError",
     "delete_prefix",
+    "manifest_parts",
     "manifest_sha256",
     "read_manifest",
     "restore_kernel",
+    "reusable_parts",
     "snapshot_kernel",
     "write_manifest",
 ]

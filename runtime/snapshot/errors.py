@@ -29,8 +29,14 @@ class RestoreFailed(SnapshotError):
     """The restore ran in the kernel and raised; the message ends with the remote error."""
 
 
+class RestoreRefused(SnapshotError):
+    """This kernel cannot take the snapshot as it is: its device arrays were on an
+    accelerator this kernel lacks, or of another type. Decided before anything is read."""
+
+
 class SnapshotIntegrityError(SnapshotError):
-    """A stored object does not match the size or sha256 recorded at capture time.
+    """A stored object does not match the size or digest recorded at capture time, or a
+    manifest does not match the sha256 the control plane recorded for it.
 
     Raised before anything is unpickled, so the target namespace is left untouched.
     """

@@ -1,9 +1,13 @@
 """The half of the snapshot agent that runs inside the Jupyter kernel.
 
 :func:`capture` pickles the kernel's user namespace (see ``pickling``) and streams it to
-Cloud Storage (see ``transfer``); :func:`restore` fetches and verifies every part before it
-unpickles anything, then applies the variables with one ``globals().update``. Both work on
-any namespace dict, so they can be called directly in a notebook or a test.
+the workspace's part pool in Cloud Storage (see ``transfer``), skipping the parts the
+previous snapshot already stored; :func:`restore` checks that this kernel can take the
+snapshot's device arrays (see ``devices``), fetches and verifies every part before it
+unpickles anything, then applies the variables with one ``globals().update``. While the
+parts download, a thread imports the libraries the snapshot was taken with (numpy, torch,
+JAX: tens of milliseconds to seconds that unpickling would otherwise wait for). Both work
+on any namespace dict, so they can be called directly in a notebook or a test.
 
 The driver (``kernels.py``) reaches them through :func:`serve`: it executes a one-line
 cell that runs a tiny bootstrap in a private namespace (the user's globals gain no name),
@@ -17,17 +21,18 @@ kernel that gets snapshotted.
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import json
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import cloudpickle
 
-from . import layout, pickling, transfer
+from . import devices, layout, pickling, staging, transfer
 from .errors import ManifestError, RestoreFailed, SnapshotError
 from .storage import ObjectStore, get_store
 
@@ -48,9 +53,13 @@ def _ipython_hidden(namespace: Mapping[str, Any]) -> Mapping[str, Any]:
     return hidden
 
 
+#: Libraries whose versions an entry records, and which a restore imports ahead.
+_LIBRARIES = ("numpy", "pandas", "torch", "jax")
+
+
 def _versions() -> dict[str, str]:
     versions = {"cloudpickle": cloudpickle.__version__}
-    for module in ("numpy", "pandas", "torch"):
+    for module in _LIBRARIES:
         loaded = sys.modules.get(module)
         if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
             versions[module] = loaded.__version__
@@ -69,42 +78,44 @@ def capture(
     kernel_id: str,
     emulator_host: str | None = None,
     part_bytes: int = layout.DEFAULT_PART_BYTES,
+    reuse: Mapping[str, int] | None = None,
     streams: int | None = None,
     deadline: float | None = None,
     progress: transfer.Progress | None = None,
     store: ObjectStore | None = None,
 ) -> dict[str, Any]:
-    """Store the user variables of ``namespace`` under ``gs://bucket/prefix/kernel_id/``.
+    """Store the user variables of ``namespace`` as parts of the workspace's pool (beside
+    ``gs://bucket/prefix``) and return the kernel entry for the workspace manifest.
 
-    Returns the kernel entry for the workspace manifest (JSON-able). Writes no manifest:
-    the caller commits the snapshot by writing the manifest last. On failure, the parts
-    already stored are deleted (best effort) before the error propagates. ``deadline`` is
+    ``reuse`` (digest -> bytes) names parts already in the pool, from the snapshot this one
+    follows: they are not sent again. Writes no manifest: the caller commits the snapshot
+    by writing the manifest last. Parts are content-addressed and may be shared, so a
+    failed capture deletes none; parts no snapshot uses are the janitor's. ``deadline`` is
     epoch seconds; ``progress(done_bytes, total_bytes)`` is called from this thread.
     """
     started = time.time()
     transfer.check_deadline(deadline, "capture did not start before its deadline")
-    part_bytes = max(int(part_bytes), layout.MIN_PART_BYTES)
-    folder = layout.kernel_prefix(prefix, kernel_id)
+    layout.check_kernel_id(kernel_id)
+    pool = layout.pool_prefix(prefix)
     store = store or get_store(emulator_host)
 
     names = pickling.user_variables(namespace, _ipython_hidden(namespace))
     dump = pickling.dump_namespace(namespace, names)
     pickled = time.time()
     sizes = [s.nbytes for s in dump.segments]
+    part_bytes = layout.part_bytes_for(sum(sizes), part_bytes)
     try:
-        objects = transfer.upload_segments(
+        uploaded = transfer.upload_segments(
             store,
             bucket,
-            folder,
+            pool,
             dump.segments,
+            reuse=reuse,
             part_bytes=part_bytes,
             streams=streams,
             deadline=deadline,
             progress=progress,
         )
-    except BaseException:
-        _delete_quietly(store, bucket, folder)
-        raise
     finally:
         dump.release()
     finished = time.time()
@@ -112,17 +123,19 @@ def capture(
     return {
         "format": layout.FORMAT,
         "kernel_id": kernel_id,
-        "prefix": folder,
         "created_at": datetime.fromtimestamp(started, UTC).isoformat().replace("+00:00", "Z"),
         "python": _python(),
         "libraries": _versions(),
         "pickle_protocol": pickling.PROTOCOL,
         "part_bytes": part_bytes,
         "segments": sizes,
-        "objects": objects,
+        "placements": dump.placements,
+        "accelerators": devices.seen(dump.placements),
+        "objects": uploaded.objects,
         "variables": [{"name": v.name, "type": v.type, "bytes": v.bytes} for v in dump.captured],
         "skipped": [{"name": s.name, "type": s.type, "reason": s.reason} for s in dump.skipped],
         "total_bytes": total,
+        "uploaded_bytes": uploaded.sent_bytes,
         "seconds": round(finished - started, 3),
         "timings": {
             "pickle_s": round(pickled - started, 3),
@@ -131,31 +144,49 @@ def capture(
     }
 
 
-def _delete_quietly(store: ObjectStore, bucket: str, folder: str) -> None:
-    # Best effort: the node agent deletes the whole prefix after a failure anyway.
-    with contextlib.suppress(Exception):
-        store.delete_objects(bucket, store.list_objects(bucket, folder + "/"))
-
-
 def check_entry(entry: Mapping[str, Any]) -> None:
     """Raise :class:`ManifestError` unless ``entry`` is a well-formed kernel entry."""
-    if entry.get("format") != layout.FORMAT:
+    if entry.get("format") not in layout.READABLE_FORMATS:
         raise ManifestError(
             f"kernel entry has format {entry.get('format')!r}, expected {layout.FORMAT!r}"
         )
     segments = entry.get("segments")
     if not isinstance(segments, list) or not all(isinstance(s, int) and s >= 0 for s in segments):
         raise ManifestError("kernel entry has no valid 'segments' list")
+    placements = entry.get("placements", [None] * len(segments))
+    if not isinstance(placements, list) or len(placements) != len(segments) or not all(
+        p is None or isinstance(p, dict) for p in placements
+    ):
+        raise ManifestError("kernel entry's 'placements' do not match its segments")
     objects = entry.get("objects")
     if not isinstance(objects, list):
         raise ManifestError("kernel entry has no 'objects' list")
     for obj in objects:
-        if not isinstance(obj, dict) or not isinstance(obj.get("sha256"), str):
-            raise ManifestError(f"kernel entry object {obj!r} lacks a sha256")
+        if not isinstance(obj, dict):
+            raise ManifestError(f"kernel entry object {obj!r} is not an object")
+        transfer.digest_of(obj)
     try:
         layout.check_objects(objects, sum(segments))
     except ValueError as error:
         raise ManifestError(f"kernel entry is inconsistent: {error}") from error
+
+
+def _import_ahead(libraries: Mapping[str, Any]) -> threading.Thread:
+    """Import the snapshot's libraries on a thread while the parts download: unpickling
+    would otherwise wait for them (numpy 60-80 ms here, torch seconds). A library that
+    fails to import is left for the unpickler to report."""
+
+    def run() -> None:
+        for name in _LIBRARIES:
+            if name in libraries and name not in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # reported by the unpickler, with its context
+                    continue
+
+    thread = threading.Thread(target=run, name="stasis-import-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def restore(
@@ -164,16 +195,24 @@ def restore(
     *,
     bucket: str,
     emulator_host: str | None = None,
+    device_arrays_to_cpu: bool = False,
     streams: int | None = None,
     deadline: float | None = None,
     progress: transfer.Progress | None = None,
     store: ObjectStore | None = None,
+    staged: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Bring the variables of ``entry`` back into ``namespace``.
 
-    Every part is downloaded and its sha256 verified before anything is unpickled; a
-    mismatch raises :class:`SnapshotIntegrityError` and leaves ``namespace`` untouched. If
-    unpickling fails (a package missing in this kernel), ``namespace`` is untouched too.
+    ``staged``: the entry's segments already downloaded and verified by the driver
+    (``staging.stage``), one file each; they are mapped instead of downloaded.
+
+    Device arrays go back to the device they came from, or to CPU with
+    ``device_arrays_to_cpu``; a kernel that cannot take them is refused
+    (:class:`RestoreRefused`) before anything is read. Every part is downloaded and its
+    digest verified before anything is unpickled; a mismatch raises
+    :class:`SnapshotIntegrityError` and leaves ``namespace`` untouched. If unpickling
+    fails (a package missing in this kernel), ``namespace`` is untouched too.
     """
     started = time.time()
     check_entry(entry)
@@ -184,34 +223,46 @@ def restore(
             f"the snapshot was taken with Python {entry['python']} and this kernel runs "
             f"{python}: pickled functions and classes do not cross Python versions"
         )
-    store = store or get_store(emulator_host)
-    buffers = transfer.download_segments(
-        store,
-        bucket,
-        entry["objects"],
-        entry["segments"],
-        streams=streams,
-        deadline=deadline,
-        progress=progress,
-    )
+    sizes = list(entry["segments"])
+    placements = list(entry.get("placements") or [None] * len(sizes))
+    devices.check_restore(entry, to_cpu=device_arrays_to_cpu)
+    importing = _import_ahead(entry.get("libraries") or {})
+    restored: list[Any]
+    if staged is not None:
+        if any(placements):
+            raise ManifestError("device arrays are never staged: they go to the device")
+        restored = list(staging.load(staged, sizes))
+    else:
+        restored = transfer.download_segments(
+            store or get_store(emulator_host),
+            bucket,
+            entry["objects"],
+            sizes,
+            sinks=devices.sinks_for(placements, sizes, to_cpu=device_arrays_to_cpu),
+            streams=streams,
+            deadline=deadline,
+            progress=progress,
+        )
     downloaded = time.time()
-    main, *out_of_band = buffers
+    importing.join()
     try:
-        values = pickling.load_namespace(main, out_of_band, namespace)
+        values = pickling.load_namespace(
+            restored, namespace, placements=placements, to_cpu=device_arrays_to_cpu
+        )
     except SnapshotError:
         raise
     except Exception as error:
         raise RestoreFailed(
             f"unpickling the snapshot failed: {type(error).__name__}: {error}"
         ) from error
-    del main, buffers
+    del restored
     namespace.update(values)
     finished = time.time()
     return {
         "kernel_id": entry.get("kernel_id"),
         "variables": list(values),
         "skipped": list(entry.get("skipped", [])),
-        "bytes": sum(entry["segments"]),
+        "bytes": sum(sizes),
         "seconds": round(finished - started, 3),
         "timings": {
             "download_s": round(downloaded - started, 3),

@@ -40,20 +40,21 @@ from typing import Any
 import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from . import inkernel, layout
+from . import inkernel, layout, staging
 from .errors import (
     CaptureFailed,
     KernelUnavailable,
     ManifestError,
     ObjectNotFound,
     RestoreFailed,
+    RestoreRefused,
     SnapshotError,
     SnapshotIntegrityError,
     SnapshotTimeout,
     StorageError,
     TransientStorageError,
 )
-from .storage import emulator_from_env
+from .storage import emulator_from_env, get_store
 
 Progress = Callable[[int, int], None]
 
@@ -84,6 +85,7 @@ _REMOTE_ERRORS: dict[str, type[SnapshotError]] = {
     cls.__name__: cls
     for cls in (
         SnapshotIntegrityError,
+        RestoreRefused,
         SnapshotTimeout,
         ObjectNotFound,
         StorageError,
@@ -104,9 +106,11 @@ def snapshot_kernel(
     progress: Progress | None = None,
     emulator_host: str | None = None,
     part_bytes: int = layout.DEFAULT_PART_BYTES,
+    reuse: Mapping[str, int] | None = None,
     streams: int | None = None,
 ) -> dict[str, Any]:
-    """Capture the kernel's user namespace to ``gs://bucket/prefix/kernel_id/``.
+    """Capture the kernel's user namespace into the part pool of the snapshot at
+    ``gs://bucket/prefix`` (parts named in ``reuse``, digest -> bytes, are not sent again).
 
     Returns the kernel entry for the workspace manifest (see ``inkernel.capture``). Writes
     no manifest. ``timeout`` (seconds) covers waiting behind a busy cell plus the capture.
@@ -114,13 +118,15 @@ def snapshot_kernel(
     ``emulator_host`` defaults to this process's ``STORAGE_EMULATOR_HOST`` and is handed
     to the kernel explicitly.
     """
-    layout.kernel_prefix(prefix, kernel_id)  # fail here, not in the kernel, on bad names
+    layout.normalize_prefix(prefix)  # fail here, not in the kernel, on bad names
+    layout.check_kernel_id(kernel_id)
     args = {
         "bucket": bucket,
         "prefix": prefix,
         "kernel_id": kernel_id,
         "emulator_host": emulator_host or emulator_from_env(),
         "part_bytes": part_bytes,
+        "reuse": dict(reuse or {}),
         "streams": streams,
     }
     return _call(connection_file, "capture", args, timeout=timeout, progress=progress)
@@ -134,22 +140,50 @@ def restore_kernel(
     timeout: float,
     progress: Progress | None = None,
     emulator_host: str | None = None,
+    device_arrays_to_cpu: bool = False,
     streams: int | None = None,
+    staged: list[str] | None = None,
 ) -> dict[str, Any]:
     """Restore a kernel entry's variables into the kernel behind ``connection_file``.
 
+    ``staged``: the entry already downloaded and verified by :func:`staging.stage` (the
+    kernel maps those files instead of downloading).
+
     Returns ``{"kernel_id", "variables", "skipped", "bytes", "seconds", "timings"}``.
     Raises :class:`SnapshotIntegrityError` (namespace untouched) if any stored part does
-    not match its recorded size or sha256.
+    not match its recorded size or digest, and :class:`RestoreRefused` if the kernel lacks
+    the accelerator its device arrays need (``device_arrays_to_cpu`` puts them on CPU).
     """
     inkernel.check_entry(entry)
     args = {
         "entry": dict(entry),
         "bucket": bucket,
         "emulator_host": emulator_host or emulator_from_env(),
+        "device_arrays_to_cpu": device_arrays_to_cpu,
         "streams": streams,
+        "staged": staged,
     }
     return _call(connection_file, "restore", args, timeout=timeout, progress=progress)
+
+
+def stage_kernel(
+    entry: Mapping[str, Any],
+    *,
+    bucket: str,
+    directory: str,
+    timeout: float,
+    progress: Progress | None = None,
+    emulator_host: str | None = None,
+    uid: int | None = None,
+) -> list[str] | None:
+    """Download a kernel entry ahead of its kernel, into files under ``directory``
+    (:func:`staging.stage`, owned by ``uid`` when given): the paths for
+    :func:`restore_kernel`'s ``staged``, or None when the entry is not staged (the kernel
+    downloads it then)."""
+    inkernel.check_entry(entry)
+    return staging.stage(get_store(emulator_host or emulator_from_env()), bucket, entry,
+                         Path(directory), deadline=time.time() + timeout, progress=progress,
+                         uid=uid)
 
 
 # -- protocol ------------------------------------------------------------------------------

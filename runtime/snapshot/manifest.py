@@ -1,35 +1,39 @@
 """The workspace snapshot manifest: what a whole ``kernel``-method snapshot consists of.
 
-One snapshot lives under ``gs://<bucket>/<prefix>/``: a folder of parts per kernel (see
-``layout``) and ``<prefix>/manifest.json``, written **last**. The manifest is the commit
-point: a snapshot without one is partial (a failed or running capture) and is deleted with
-:func:`delete_prefix`, never restored. The finalize event of ``manifest.json`` is what
-tells the control plane that the snapshot finished.
+One snapshot is ``gs://<bucket>/<prefix>/manifest.json``, written **last**, and the parts
+it lists, which live in the workspace's shared part pool beside it
+(``<workspace prefix>/_parts/<digest>``, see ``layout``) and may be used by other
+snapshots of the same workspace. The manifest is the commit point: a snapshot without one
+is partial (a failed or running capture) and :func:`delete_prefix` deletes its folder,
+never restored. Parts are never deleted with a snapshot: which ones no snapshot uses any
+more is for the control plane's retention to decide (``functions.domain.retention``).
 
-Format (``"format": "stasis.kernel/1"``)::
+Format (``"format": "stasis.kernel/2"``; ``/1`` manifests, whose parts lived in the
+snapshot's own folder, are still read)::
 
     {
-      "format": "stasis.kernel/1",
+      "format": "stasis.kernel/2",
       "method": "kernel",
       "created_at": "2025-01-01T12:00:00Z",
       "kernels": [{"kernel_id": "...", "kernelspec": "python3", "entry": {<kernel entry>}}],
       "sessions": [{"path": "analysis.ipynb", "kernel_id": "...", ...}],
       "totals": {"kernels": 1, "objects": 3, "bytes": 67110000, "variables": 5,
-                 "skipped": 1, "seconds": 1.2},
+                 "skipped": 1, "uploaded_bytes": 1048576, "seconds": 1.2},
       "skipped": [{"kernel_id": "...", "name": "lock", "type": "_thread.lock",
                    "reason": "TypeError: cannot pickle '_thread.lock' object"}],
       ...any other keys the caller adds (workspace id, team) are kept as they are
     }
 
 ``totals`` and ``skipped`` are derived from the kernel entries here, so they always agree
-with them. :func:`normalize_manifest` and :func:`manifest_sha256` are pure; the other
-functions do I/O through ``storage``.
+with them. :func:`normalize_manifest`, :func:`manifest_parts` and :func:`manifest_sha256`
+are pure; the other functions do I/O through ``storage``.
 
-Trust: every part's sha256 is in the manifest, and the manifest's own sha256
-(:func:`manifest_sha256`) is what the control plane should keep in the snapshot's
-Firestore document and hand back to :func:`read_manifest`. Without that anchor, whoever can
-write the bucket can rewrite parts and manifest together, and a restore unpickles (runs)
-what they wrote.
+Trust: every part's digest is in the manifest, and the manifest's own sha256
+(:func:`manifest_sha256`) is what the control plane keeps in the snapshot's Firestore
+record (``snapshot.finished`` carries it) and hands back to :func:`read_manifest` on every
+restore, which refuses a manifest that does not match before anything is read. Without that
+anchor, whoever can write the bucket could rewrite parts and manifest together, and a
+restore would unpickle (run) what they wrote.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from . import inkernel, layout
+from . import inkernel, layout, transfer
 from .errors import ManifestError, ObjectNotFound, SnapshotError, SnapshotIntegrityError
 from .storage import ObjectStore, get_store
 
@@ -60,9 +64,10 @@ def normalize_manifest(
     manifest: Mapping[str, Any], *, prefix: str, now: datetime
 ) -> dict[str, Any]:
     """Validate ``manifest`` and return it with ``format``, ``created_at``, ``totals`` and
-    ``skipped`` filled in. Raises :class:`ManifestError` naming the first problem.
+    ``skipped`` filled in. Raises :class:`ManifestError` naming the first problem; every
+    object must be in the workspace's part pool (or, format ``/1``, the snapshot's folder).
     """
-    folder = layout.normalize_prefix(prefix) + "/"
+    folders = (layout.normalize_prefix(prefix) + "/", layout.pool_prefix(prefix) + "/")
     kernels = manifest.get("kernels")
     if not isinstance(kernels, Sequence) or isinstance(kernels, str):
         raise ManifestError("manifest needs a 'kernels' list")
@@ -70,12 +75,13 @@ def normalize_manifest(
     if not isinstance(sessions, Sequence) or not all(isinstance(s, Mapping) for s in sessions):
         raise ManifestError("manifest 'sessions' must be a list of objects")
     fmt = manifest.get("format", layout.FORMAT)
-    if fmt != layout.FORMAT:
+    if fmt not in layout.READABLE_FORMATS:
         raise ManifestError(f"manifest format {fmt!r} is not {layout.FORMAT!r}")
 
     seen: set[str] = set()
     skipped: list[dict[str, Any]] = []
-    totals = {"kernels": 0, "objects": 0, "bytes": 0, "variables": 0, "skipped": 0}
+    totals = {"kernels": 0, "objects": 0, "bytes": 0, "variables": 0, "skipped": 0,
+              "uploaded_bytes": 0}
     seconds = 0.0
     for kernel in kernels:
         if not isinstance(kernel, Mapping):
@@ -98,14 +104,16 @@ def normalize_manifest(
                 f"kernel {kernel_id!r} carries the entry of kernel {entry.get('kernel_id')!r}"
             )
         for obj in entry["objects"]:
-            if not str(obj["name"]).startswith(folder):
+            if not str(obj["name"]).startswith(folders):
                 raise ManifestError(
-                    f"kernel {kernel_id!r} object {obj['name']!r} is outside {folder!r}"
+                    f"kernel {kernel_id!r} object {obj['name']!r} is outside {folders[1]!r}"
                 )
         totals["kernels"] += 1
         totals["objects"] += len(entry["objects"])
-        totals["bytes"] += int(entry.get("total_bytes", sum(entry["segments"])))
+        size = int(entry.get("total_bytes", sum(entry["segments"])))
+        totals["bytes"] += size
         totals["variables"] += len(entry.get("variables", []))
+        totals["uploaded_bytes"] += int(entry.get("uploaded_bytes", size))
         seconds += float(entry.get("seconds", 0.0))
         for skip in entry.get("skipped", []):
             skipped.append({"kernel_id": kernel_id, **skip})
@@ -114,7 +122,7 @@ def normalize_manifest(
     created_at = manifest.get("created_at") or _timestamp(now)
     return {
         **manifest,
-        "format": layout.FORMAT,
+        "format": fmt,
         "method": "kernel",
         "created_at": created_at,
         "kernels": [dict(k) for k in kernels],
@@ -122,6 +130,29 @@ def normalize_manifest(
         "totals": {**totals, "seconds": round(seconds, 3)},
         "skipped": skipped,
     }
+
+
+def manifest_parts(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """``{object name: bytes}`` of every part the snapshot uses (each once, however many
+    kernels share it): what the control plane counts against the team."""
+    return {
+        str(obj["name"]): int(obj["bytes"])
+        for kernel in manifest.get("kernels") or []
+        for obj in (kernel.get("entry") or {}).get("objects") or []
+    }
+
+
+def reusable_parts(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """``{digest: bytes}`` of the pool parts of a snapshot: what the next capture of the
+    same workspace need not send again (``/1`` parts are not in the pool)."""
+    found: dict[str, int] = {}
+    for kernel in manifest.get("kernels") or []:
+        entry = kernel.get("entry") or {}
+        if entry.get("format") != layout.FORMAT:
+            continue
+        for obj in entry.get("objects") or []:
+            found[transfer.digest_of(obj)[1]] = int(obj["bytes"])
+    return found
 
 
 def _serialize(doc: Mapping[str, Any]) -> bytes:
@@ -149,13 +180,11 @@ def write_manifest(
     """
     doc = normalize_manifest(manifest, prefix=prefix, now=now or datetime.now(UTC))
     store = store or get_store()
-    stored = store.list_objects(bucket, layout.normalize_prefix(prefix) + "/")
-    wrong = [
-        obj["name"]
-        for kernel in doc["kernels"]
-        for obj in kernel["entry"]["objects"]
-        if stored.get(obj["name"]) != obj["bytes"]
-    ]
+    parts = manifest_parts(doc)
+    stored: dict[str, int] = {}
+    for folder in sorted({name.rpartition("/")[0] for name in parts}):
+        stored.update(store.list_objects(bucket, folder + "/"))
+    wrong = [name for name, size in parts.items() if stored.get(name) != size]
     if wrong:
         raise ManifestError(
             f"refusing to write the manifest of gs://{bucket}/{prefix}: {len(wrong)} "
@@ -209,7 +238,8 @@ def read_manifest(
 
 
 def delete_prefix(bucket: str, prefix: str, *, store: ObjectStore | None = None) -> int:
-    """Delete every object of the snapshot at ``prefix``; return how many there were.
+    """Delete every object in the folder of the snapshot at ``prefix`` (its manifest, and
+    a ``/1`` snapshot's parts); return how many there were. Pool parts stay (retention's).
 
     The manifest goes first, so a snapshot whose deletion is interrupted is seen as
     partial, never as complete. Only ``<prefix>/...`` is touched: ``snap-1`` does not

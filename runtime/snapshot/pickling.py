@@ -8,6 +8,11 @@ How it is pickled:
   ``inband_below`` bytes (numpy arrays, pandas blocks) goes *out of band* as a memory view
   of the live object, so capturing a 1 GiB array copies nothing; small buffers stay in the
   stream, where one more object would cost more than the copy.
+- Device arrays (torch tensors and their storages, JAX arrays; see ``devices``) become
+  segments of their own too, with a *placement* that says which library rebuilds them and
+  on which device they were: a CPU storage as a view of its memory, a GPU one as a source
+  the transfer copies to host part by part. In the stream they are a token that the load
+  resolves to the restored segment.
 - One :class:`pickle.Pickler` dumps ``(name, value)`` pairs one after the other. Its memo
   persists across dumps (as the Unpickler's does across loads), so objects shared between
   variables stay shared after restore, and the stream position after each dump tells how
@@ -28,7 +33,6 @@ from __future__ import annotations
 
 import contextvars
 import io
-import mmap
 import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +41,8 @@ from typing import Any
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
+
+from . import devices
 
 PROTOCOL = 5
 DEFAULT_INBAND_BELOW = 1024 * 1024
@@ -68,14 +74,17 @@ class SkippedVariable:
 class NamespaceDump:
     """The result of :func:`dump_namespace`: segments that reference live memory.
 
-    ``segments[0]`` is the pickle stream, the rest are out-of-band buffers. They are views
-    of the user's objects: call :meth:`release` once they are stored, or the user's
-    ``bytearray``s cannot be resized afterwards.
+    ``segments[0]`` is the pickle stream, the rest are out-of-band buffers and device
+    segments (memory views, or ``DeviceSource``s for accelerator memory), with
+    ``placements[i]`` None for a pickle buffer and ``{"kind", "device"}`` for a device
+    segment. The views are of the user's objects: call :meth:`release` once they are
+    stored, or the user's ``bytearray``s cannot be resized afterwards.
     """
 
-    segments: list[memoryview]
+    segments: list[Any]
     captured: list[CapturedVariable]
     skipped: list[SkippedVariable]
+    placements: list[dict[str, Any] | None] = field(default_factory=list)
     _keep: list[Any] = field(default_factory=list, repr=False)
 
     @property
@@ -84,7 +93,8 @@ class NamespaceDump:
 
     def release(self) -> None:
         for view in self.segments:
-            view.release()
+            if isinstance(view, memoryview):
+                view.release()
         for obj in self._keep:
             if isinstance(obj, (pickle.PickleBuffer, memoryview)):
                 obj.release()
@@ -131,6 +141,8 @@ class _NamespaceToken:
 
 _NAMESPACE = _NamespaceToken()
 _TARGET: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("stasis_target")
+_SEGMENTS: contextvars.ContextVar[Callable[[int], Any]] = contextvars.ContextVar(
+    "stasis_segments")
 
 
 def _bound_namespace() -> dict[str, Any]:
@@ -144,21 +156,40 @@ def _bound_namespace() -> dict[str, Any]:
         ) from None
 
 
+def _segment(index: int) -> Any:
+    """Unpickling hook: the restored segment (a device array's storage) ``index``."""
+    try:
+        return _SEGMENTS.get()(index)
+    except LookupError:
+        raise pickle.UnpicklingError(
+            "this stream refers to device segments; load it with "
+            "runtime.snapshot.pickling.load_namespace"
+        ) from None
+
+
 class _NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle that pickles ``namespace``-global functions bound to the namespace."""
+    """cloudpickle that pickles ``namespace``-global functions bound to the namespace, and
+    device arrays as segments (``devices.Reducers``)."""
 
     def __init__(
         self,
         file: io.BytesIO,
         namespace: Mapping[str, Any],
         buffer_callback: Callable[[pickle.PickleBuffer], bool],
+        reducers: devices.Reducers,
     ) -> None:
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self._namespace = namespace
+        self._reducers = reducers
 
     def reducer_override(self, obj: Any) -> Any:
         if obj is _NAMESPACE:
             return (_bound_namespace, ())
+        if type(obj) is devices.Token:
+            return (_segment, (obj.index,))
+        reduced = self._reducers.reduce(obj)
+        if reduced is not NotImplemented:
+            return reduced
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: Any) -> Any:
@@ -191,12 +222,20 @@ def _reason(error: BaseException) -> str:
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
 
 
-def _dump_all(
-    namespace: Mapping[str, Any], names: Sequence[str], inband_below: int
-) -> tuple[io.BytesIO, list[pickle.PickleBuffer], list[memoryview], list[CapturedVariable]]:
+@dataclass
+class _Dump:
+    stream: io.BytesIO
+    segments: list[Any]
+    placements: list[dict[str, Any] | None]
+    keep: list[Any]
+    captured: list[CapturedVariable]
+
+
+def _dump_all(namespace: Mapping[str, Any], names: Sequence[str], inband_below: int) -> _Dump:
     stream = io.BytesIO()
-    buffers: list[pickle.PickleBuffer] = []
-    views: list[memoryview] = []
+    segments: list[Any] = []  # segment i + 1 of the dump (0 is the stream)
+    placements: list[dict[str, Any] | None] = []
+    keep: list[Any] = []
 
     def out_of_band(buffer: pickle.PickleBuffer) -> bool:
         try:
@@ -206,30 +245,38 @@ def _dump_all(
         if view.nbytes < inband_below:
             view.release()
             return True
-        buffers.append(buffer)
-        views.append(view)
+        keep.append(buffer)
+        segments.append(view)
+        placements.append(None)
         return False
 
-    pickler = _NamespacePickler(stream, namespace, out_of_band)
+    def register(segment: Any, placement: dict[str, Any]) -> devices.Token:
+        segments.append(segment)
+        placements.append(placement)
+        return devices.Token(len(segments))
+
+    pickler = _NamespacePickler(stream, namespace, out_of_band, devices.Reducers(register, keep))
     captured = []
     for name in names:
         value = namespace[name]
-        start, first_buffer = stream.tell(), len(views)
+        start, first_segment = stream.tell(), len(segments)
         try:
             pickler.dump((name, value))
         except Exception as error:  # any failure to pickle is a reason to skip
-            for view in views:
-                view.release()
+            for view in segments:
+                if isinstance(view, memoryview):
+                    view.release()
             raise _VariableFailed(name, error) from error
-        size = stream.tell() - start + sum(v.nbytes for v in views[first_buffer:])
+        size = stream.tell() - start + sum(s.nbytes for s in segments[first_segment:])
         captured.append(CapturedVariable(name, type_name(value), size))
-    return stream, buffers, views, captured
+    return _Dump(stream, segments, placements, keep, captured)
 
 
 def _probe(namespace: Mapping[str, Any], name: str) -> Exception | None:
     """Pickle one variable alone, discarding out-of-band buffers (no large copies)."""
     try:
-        _NamespacePickler(io.BytesIO(), namespace, lambda _buffer: False).dump(
+        reducers = devices.Reducers(lambda _segment, _placement: devices.Token(0), [])
+        _NamespacePickler(io.BytesIO(), namespace, lambda _buffer: False, reducers).dump(
             (name, namespace[name])
         )
     except Exception as error:
@@ -254,7 +301,7 @@ def dump_namespace(
     probed = False
     while True:
         try:
-            stream, buffers, views, captured = _dump_all(namespace, remaining, inband_below)
+            dump = _dump_all(namespace, remaining, inband_below)
             break
         except _VariableFailed as failed:
             bad = {failed.name: failed.error}
@@ -267,14 +314,16 @@ def dump_namespace(
             for name, error in bad.items():
                 skipped.append(SkippedVariable(name, type_name(namespace[name]), _reason(error)))
             remaining = [n for n in remaining if n not in bad]
-    main = stream.getbuffer()
+    main = dump.stream.getbuffer()
     order = {name: i for i, name in enumerate(namespace)}
     skipped.sort(key=lambda s: order.get(s.name, 0))
     return NamespaceDump(
-        segments=[main.cast("B"), *(v.cast("B") for v in views)],
-        captured=captured,
+        segments=[main.cast("B"),
+                  *(s.cast("B") if isinstance(s, memoryview) else s for s in dump.segments)],
+        captured=dump.captured,
         skipped=skipped,
-        _keep=[*views, *buffers, main, stream],
+        placements=[None, *dump.placements],
+        _keep=[*dump.segments, *dump.keep, main, dump.stream],
     )
 
 
@@ -315,19 +364,30 @@ class _MemoryReader:
 
 
 def load_namespace(
-    main: memoryview | bytes | bytearray | mmap.mmap,
-    buffers: Sequence[Any],
+    restored: Sequence[Any],
     target: dict[str, Any],
+    *,
+    placements: Sequence[Mapping[str, Any] | None] | None = None,
+    to_cpu: bool = False,
 ) -> dict[str, Any]:
-    """Unpickle a stream from :func:`dump_namespace` into a new dict, without applying it.
+    """Unpickle the segments of a :func:`dump_namespace` (``restored[0]`` the stream)
+    into a new dict, without applying it.
 
-    Notebook functions come back bound to ``target`` (the kernel's globals), so the caller
-    applies the result with ``target.update(result)``. ``target`` itself is not changed,
-    except for names that a restored object writes on its own while it is rebuilt.
+    ``placements`` (the dump's) say which segments are device arrays; ``to_cpu`` puts
+    every device array on CPU. Notebook functions come back bound to ``target`` (the
+    kernel's globals), so the caller applies the result with ``target.update(result)``.
+    ``target`` itself is not changed, except for names that a restored object writes on
+    its own while it is rebuilt.
     """
+    placements = list(placements) if placements is not None else [None] * len(restored)
+    if len(placements) != len(restored):
+        raise ValueError(f"{len(restored)} segments but {len(placements)} placements")
+    main = restored[0]
+    buffers = [restored[i] for i in range(1, len(restored)) if placements[i] is None]
     reader = _MemoryReader(memoryview(main).cast("B"))
     unpickler = pickle.Unpickler(reader, buffers=buffers)
     token = _TARGET.set(target)
+    segments = _SEGMENTS.set(devices.loader(list(placements), list(restored), to_cpu=to_cpu))
     missing = object()
     # cloudpickle's function setstate writes __builtins__ into the function's globals.
     builtins_before = target.get("__builtins__", missing)
@@ -338,6 +398,7 @@ def load_namespace(
             result[name] = value
     finally:
         _TARGET.reset(token)
+        _SEGMENTS.reset(segments)
         if builtins_before is missing:
             target.pop("__builtins__", None)
         else:

@@ -3,15 +3,18 @@
 Everything that talks to a bucket goes through :class:`ObjectStore`: small objects
 (manifests), listing and deleting through google-cloud-storage, and the bulk part
 transfers through the same JSON API with the same credentials, but at the media endpoints
-directly (``uploadType=media`` and ``alt=media``).
+directly (``uploadType=media`` and ``alt=media``), over the standard library's
+``http.client``.
 
-Why the bulk path does not use ``Blob.upload_from_file``/``download_to_file``: measured
-against fake-gcs-server on this machine, the library's downloads go through 8 KiB chunks
-in Python (about 300-500 MiB/s, against 2 GiB/s for a plain GET read into the target
-buffer in 1 MiB steps), and an upload above 8 MiB becomes a resumable upload (two
-requests per object, chunk copies). Sending a part straight from the memory views of the
-live arrays, and receiving it straight into the restore buffers, keeps a capture at about
-90% of a raw upload; a restore pays for sha256 over every byte on top of a raw download.
+Why the bulk path uses neither the SDK's ``Blob.upload_from_file``/``download_to_file``
+nor ``requests``: measured against fake-gcs-server on this machine, the library's
+downloads go through 8 KiB chunks in Python (about 300-500 MiB/s, against 2 GiB/s for a
+plain GET read into the target buffer in 1 MiB steps), and an upload above 8 MiB becomes a
+resumable upload (two requests per object, chunk copies). And every transfer runs in the
+kernel being paused or resumed: importing ``requests`` (and urllib3) there cost 60-90 ms of
+every resume, while ipykernel has ``http.client`` loaded already. A part is sent straight
+from the memory views of the live arrays (``socket.sendall`` of each view, no copy) and
+received straight into the restore buffers.
 
 Emulator: when ``emulator_host`` (or ``STORAGE_EMULATOR_HOST``) is set, requests go to it
 with anonymous credentials. The in-kernel code gets the host from the driver explicitly,
@@ -20,15 +23,14 @@ so a kernel whose environment lacks the variable cannot silently talk to real GC
 
 from __future__ import annotations
 
+import http.client
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
-
-import requests
+from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import ObjectNotFound, StorageError, TransientStorageError
 
@@ -37,11 +39,10 @@ if TYPE_CHECKING:
 
 _SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 _GCS_ENDPOINT = "https://storage.googleapis.com"
-_TIMEOUT = (10.0, 120.0)  # connect, read
+_TIMEOUT_S = 120.0
 _SEND_CHUNK = 1024 * 1024
 _RECV_CHUNK = 1024 * 1024
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_POOL = 32
 
 
 def emulator_from_env() -> str | None:
@@ -53,64 +54,48 @@ def _emulator_url(host: str) -> str:
     return host.rstrip("/") if "://" in host else f"http://{host.rstrip('/')}"
 
 
-class _ChunkReader:
-    """A request body that streams a list of memory views without joining them.
-
-    ``requests`` sizes the body with ``len()``/``tell()`` and urllib3 sends what
-    ``read()`` returns; handing it 1 MiB views instead of 16 KiB copies keeps the Python
-    work per part small. ``on_piece`` sees each piece just before it is sent.
-    """
-
-    def __init__(
-        self, chunks: Sequence[memoryview], on_piece: Callable[[memoryview], None] | None
-    ) -> None:
-        self._chunks = list(chunks)
-        self._size = sum(c.nbytes for c in self._chunks)
-        self._index = 0
-        self._offset = 0
-        self._pos = 0
-        self._on_piece = on_piece
-
-    def __len__(self) -> int:
-        return self._size
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int = -1) -> memoryview | bytes:
-        while self._index < len(self._chunks):
-            chunk = self._chunks[self._index]
-            if self._offset < chunk.nbytes:
-                step = max(n, _SEND_CHUNK) if n and n > 0 else chunk.nbytes
-                piece = chunk[self._offset : self._offset + step]
-                self._offset += piece.nbytes
-                self._pos += piece.nbytes
-                if self._on_piece is not None:
-                    self._on_piece(piece)
-                return piece
-            self._index += 1
-            self._offset = 0
-        return b""
+def _status_error(status: int, detail: str, what: str) -> StorageError:
+    message = f"{what}: HTTP {status} {detail[:300].strip()}"
+    if status == 404:
+        return ObjectNotFound(message)
+    if status in _RETRYABLE_STATUS:
+        return TransientStorageError(message)
+    return StorageError(message)
 
 
-def _check(response: requests.Response, what: str) -> None:
-    if response.status_code < 300:
-        return
-    detail = response.text[:300].strip()
-    message = f"{what}: HTTP {response.status_code} {detail}"
-    if response.status_code == 404:
-        raise ObjectNotFound(message)
-    if response.status_code in _RETRYABLE_STATUS:
-        raise TransientStorageError(message)
-    raise StorageError(message)
+class _Connections:
+    """One keep-alive HTTP connection per thread (the transfer workers each hold one)."""
+
+    def __init__(self, endpoint: str) -> None:
+        url = urlsplit(endpoint)
+        self.https = url.scheme == "https"
+        self.host = url.hostname or ""
+        self.port = url.port
+        self.base = url.path.rstrip("/")
+        self._local = threading.local()
+
+    def get(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=_TIMEOUT_S)
+            self._local.conn = conn
+        return conn
+
+    def drop(self) -> None:
+        """Forget this thread's connection after an error: the next request reconnects."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
 
 
 class ObjectStore:
     """A bucket client for the snapshot agent. Thread-safe; build one per process.
 
-    The google-cloud-storage client (and, against the emulator, google-auth) is imported
-    and built only when a method needs it: a capture or a restore in a kernel only moves
-    parts, and importing the SDK there would add about 0.3 s to every pause and resume.
+    The google-cloud-storage client (and google-auth) is imported and built only when a
+    method needs it: a capture or a restore in a kernel only moves parts, and importing
+    the SDK there would add about 0.3 s to every pause and resume.
     """
 
     def __init__(
@@ -126,7 +111,7 @@ class ObjectStore:
         self.endpoint = _emulator_url(host) if host else (api_endpoint or _GCS_ENDPOINT).rstrip("/")
         self._credentials: Any = None
         self._client: storage.Client | None = None
-        self._session: requests.Session | None = None
+        self._connections = _Connections(self.endpoint)
         self._lock = threading.Lock()
 
     def _get_credentials(self) -> Any:
@@ -164,25 +149,29 @@ class ObjectStore:
                 )
             return self._client
 
-    @property
-    def session(self) -> requests.Session:
-        """The HTTP session for part transfers: plain against the emulator, authorized
-        (same credentials as the client) against Cloud Storage."""
+    def _auth_headers(self) -> dict[str, str]:
+        """``Authorization`` for Cloud Storage (refreshed when it expires); none for the
+        emulator, so a kernel talking to it imports no auth library at all."""
+        if self.emulator_host:
+            return {}
         with self._lock:
-            if self._session is None:
-                if self.emulator_host:
-                    session = requests.Session()
-                else:
-                    from google.auth.transport.requests import AuthorizedSession
+            credentials = self._get_credentials()
+            if not credentials.valid:
+                from google.auth.transport.requests import Request
 
-                    session = AuthorizedSession(self._get_credentials())  # type: ignore[no-untyped-call]
-                adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_POOL)
-                session.mount("http://", adapter)
-                session.mount("https://", adapter)
-                self._session = session
-            return self._session
+                credentials.refresh(Request())
+            return {"Authorization": f"Bearer {credentials.token}"}
 
     # -- bulk parts -----------------------------------------------------------------------
+
+    def _media_path(self, bucket: str, name: str | None, params: dict[str, str]) -> str:
+        base = self._connections.base
+        if name is None:
+            return f"{base}/upload/storage/v1/b/{quote(bucket, safe='')}/o?{urlencode(params)}"
+        return (
+            f"{base}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+            f"?{urlencode(params)}"
+        )
 
     def upload_chunks(
         self,
@@ -197,23 +186,33 @@ class ObjectStore:
         ``on_piece`` sees every piece once, in order, as it is sent (for progress).
         Returns the number of bytes sent.
         """
-        body = _ChunkReader(chunks, on_piece)
-        url = f"{self.endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
+        what = f"upload gs://{bucket}/{name}"
+        size = sum(c.nbytes for c in chunks)
+        path = self._media_path(bucket, None, {"uploadType": "media", "name": name})
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size),
+                   **self._auth_headers()}
+        conn = self._connections.get()
+        sent = 0
         try:
-            response = self.session.post(
-                url,
-                params={"uploadType": "media", "name": name},
-                data=body,  # type: ignore[arg-type]  # a file-like body, streamed
-                headers={
-                    "Content-Type": "application/octet-stream",
-                    "Content-Length": str(len(body)),
-                },
-                timeout=_TIMEOUT,
-            )
-        except requests.RequestException as error:
-            raise TransientStorageError(f"upload gs://{bucket}/{name}: {error}") from error
-        _check(response, f"upload gs://{bucket}/{name}")
-        return body.tell()
+            conn.putrequest("POST", path, skip_accept_encoding=True)
+            for key, value in headers.items():
+                conn.putheader(key, value)
+            conn.endheaders()
+            for chunk in chunks:
+                for start in range(0, chunk.nbytes, _SEND_CHUNK):
+                    piece = chunk[start : start + _SEND_CHUNK]
+                    conn.send(piece)
+                    sent += piece.nbytes
+                    if on_piece is not None:
+                        on_piece(piece)
+            response = conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            self._connections.drop()
+            raise TransientStorageError(f"{what}: {error}") from error
+        if response.status >= 300:
+            raise _status_error(response.status, body.decode(errors="replace"), what)
+        return sent
 
     def download_into(
         self,
@@ -229,44 +228,37 @@ class ObjectStore:
         hashes it). An object longer than ``targets`` is read to its end but not stored,
         and the returned size tells the caller it does not match.
         """
-        url = (
-            f"{self.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}"
-            f"/o/{quote(name, safe='')}"
-        )
+        what = f"download gs://{bucket}/{name}"
+        conn = self._connections.get()
         try:
-            response = self.session.get(
-                url,
-                params={"alt": "media"},
-                stream=True,
-                timeout=_TIMEOUT,
-                headers={"Accept-Encoding": "identity"},
-            )
-        except requests.RequestException as error:
-            raise TransientStorageError(f"download gs://{bucket}/{name}: {error}") from error
-        with response:
-            _check(response, f"download gs://{bucket}/{name}")
+            conn.request("GET", self._media_path(bucket, name, {"alt": "media"}),
+                         headers={"Accept-Encoding": "identity", **self._auth_headers()})
+            response = conn.getresponse()
+            if response.status >= 300:
+                detail = response.read().decode(errors="replace")
+                raise _status_error(response.status, detail, what)
             received = 0
-            try:
-                for target in targets:
-                    filled = 0
-                    while filled < target.nbytes:
-                        view = target[filled : filled + _RECV_CHUNK]
-                        n = response.raw.readinto(view)
-                        if not n:
-                            return received
-                        on_data(view[:n])
-                        filled += n
-                        received += n
-                while extra := response.raw.read(_RECV_CHUNK):
-                    received += len(extra)
-            except (requests.RequestException, OSError) as error:
-                raise TransientStorageError(f"download gs://{bucket}/{name}: {error}") from error
-            except Exception as error:  # urllib3 protocol errors (truncated body)
-                if type(error).__module__.startswith("urllib3"):
-                    raise TransientStorageError(
-                        f"download gs://{bucket}/{name}: {error}"
-                    ) from error
-                raise
+            for target in targets:
+                filled = 0
+                while filled < target.nbytes:
+                    view = target[filled : filled + _RECV_CHUNK]
+                    n = response.readinto(view)
+                    if not n:
+                        self._connections.drop()  # the body ended early
+                        return received
+                    on_data(view[:n])
+                    filled += n
+                    received += n
+            while extra := response.read(_RECV_CHUNK):
+                received += len(extra)
+        except (OSError, http.client.HTTPException) as error:
+            self._connections.drop()
+            raise TransientStorageError(f"{what}: {error}") from error
+        except BaseException:
+            # A failure between reads (a hash callback that stops the transfer) leaves
+            # the response half read: this connection cannot carry another request.
+            self._connections.drop()
+            raise
         return received
 
     # -- small objects, listing, deleting -------------------------------------------------

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ class Stack:
             user: str = "dev") -> subprocess.CompletedProcess[str]:
         """Run `stasis ARGS` as a user would, against this stack."""
         result = subprocess.run(
-            [sys.executable, "-m", "stack", *args], env={**self.env, "STASIS_USER": user},
+            [sys.executable, "-m", "stasis_cli", *args], env={**self.env, "STASIS_USER": user},
             capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         if check and result.returncode != 0:
             raise AssertionError(f"stasis {' '.join(args)} exited {result.returncode}:\n"
@@ -91,17 +91,24 @@ def _free_settings(tmp: Path) -> Settings:
                                             data_dir=tmp))
 
 
-def start_stack(tmp: Path, runtime: str) -> Iterator[Stack]:
+def start_stack(tmp: Path, runtime: str, *,
+                scheduled: dict[str, str] | None = None,
+                host_env: Callable[[Settings], Mapping[str, str]] | None = None,
+                ) -> Iterator[Stack]:
+    """A stack on free ports; ``scheduled``: the scheduled functions that do run, on these
+    crons (a sixth field counts seconds); ``host_env``: what to lay over the function
+    host's environment, given the stack's settings."""
     settings = _free_settings(tmp)
     saved = dict(os.environ)
     env_vars = {"STASIS_DATA_DIR": str(settings.data_dir), "STASIS_PROJECT": settings.project,
                 **{f"STASIS_{name.upper()}_PORT": str(port)
                    for name, port in settings.ports().items()},
                 # No scheduled sweeps under a test: each test calls what it checks.
-                **{f"STASIS_SCHEDULE_{name.upper()}": "" for name in schedules()}}
+                **{f"STASIS_SCHEDULE_{name.upper()}": (scheduled or {}).get(name, "")
+                   for name in schedules()}}
     os.environ.update(env_vars)
     try:
-        local.up(settings, runtime=runtime)
+        local.up(settings, runtime=runtime, host_env=host_env(settings) if host_env else None)
         env = {**os.environ, **settings.emulator_env(), **env_vars}
         yield Stack(settings, env)
     finally:

@@ -10,17 +10,18 @@ import time
 
 import requests
 
+from harness.notebook import Notebook
 from stack.chat import ChatClient, new_trigger_id
-from stack.notebook import Notebook
 
 
 def _status(stack, name: str) -> dict:
-    """The workspace document, with the local owner's token from the node agent."""
+    """The workspace document, with its server's own URL and the local owner's token from
+    the node agent (the document's url is the IDE through the access proxy)."""
     doc = stack.workspace(f"ml-a--{name}")
     if doc and doc.get("state") == "RUNNING":
-        agent = requests.get(f"{stack.settings.node_agent_url}/workspaces/ml-a--{name}",
-                             timeout=10)
-        doc["token"] = agent.json()["token"]
+        served = requests.get(f"{stack.settings.node_agent_url}/workspaces/ml-a--{name}",
+                              headers=stack.settings.node_agent_headers(), timeout=10).json()
+        doc["direct_url"], doc["token"] = served["url"], served["token"]
     return doc
 
 
@@ -42,7 +43,7 @@ def test_create_pause_resume_delete_from_slack(local_stack):
     info = _status(stack, "mynb")
     assert info["url"] == running.group(1) and info["owner"] == "alice"
 
-    nb = Notebook(info["url"], info["token"])
+    nb = Notebook(info["direct_url"], info["token"])
     kernel = nb.open("chat.ipynb")
     nb.run(kernel, "import numpy as np\nbig = np.arange(2**21, dtype='float64')  # 16 MiB")
 
@@ -58,7 +59,7 @@ def test_create_pause_resume_delete_from_slack(local_stack):
     out = _chat(client, "resume mynb")
     assert "mynb resumed: RUNNING again in" in out, out
     info = _status(stack, "mynb")
-    nb = Notebook(info["url"], info["token"])
+    nb = Notebook(info["direct_url"], info["token"])
     assert nb.run(nb.open("chat.ipynb"), "print(int(big.sum()))").stdout.strip() == str(
         (2**21 - 1) * 2**21 // 2)
 
@@ -99,7 +100,7 @@ def test_forged_stale_retried_and_foreign_requests(local_stack):
     carol = client.send("status retried --team ml-a", user="U0CAROL")
     assert carol.status == 200 and "You are not a member of team ml-a" in carol.text
     carol = client.send("delete retried", user="U0CAROL")
-    assert "There is no workspace retried in team ml-b" in carol.text
+    assert "Nothing done: there is no workspace retried in team ml-b" in carol.text
     stranger = client.send("list", user="U0NOBODY")
     assert "I don't know you yet" in stranger.text and "carol (team ml-b)" in stranger.text
     assert "Deleting retried" in client.send("delete retried", user="U0BOB").text

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from stack.notebook import Notebook
+from harness.notebook import Notebook
 
 pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -67,7 +67,7 @@ def test_a_notebook_job_is_admitted_runs_on_four_hosts_and_a_tpu_job_is_refused_
     stack.cli("ws", "create", "trainer", "--team", "ml-a", "--wait")
     info = json.loads(stack.cli("ws", "status", "trainer", "--team", "ml-a",
                                 "--json").stdout)
-    nb = Notebook(info["url"], info["token"])
+    nb = Notebook(info["direct_url"], info["token"])
     out = nb.run(nb.open("train.ipynb"), CELL, timeout=300).stdout
     lines = out.splitlines()
     one = next(line for line in lines if line.startswith("ONE ")).split()
@@ -115,7 +115,7 @@ def test_pausing_the_workspace_ends_its_running_job_and_the_reconciler_reports_i
     stack.cli("ws", "create", "pauser", "--team", "ml-a", "--wait")
     info = json.loads(stack.cli("ws", "status", "pauser", "--team", "ml-a",
                                 "--json").stdout)
-    nb = Notebook(info["url"], info["token"])
+    nb = Notebook(info["direct_url"], info["token"])
     out = nb.run(nb.open("long.ipynb"), '''
 import stasis.jobs
 

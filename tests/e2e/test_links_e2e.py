@@ -46,13 +46,13 @@ def _agent_env(url: str) -> dict[str, str]:
 
 
 def _exec(url: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stack", "exec", *args], env=_agent_env(url),
+    return subprocess.run([sys.executable, "-m", "stasis_cli", "exec", *args], env=_agent_env(url),
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def _streaming(url: str, code: str) -> tuple[subprocess.Popen[str], list[tuple[float, str]]]:
     """Start `stasis exec CODE` and collect its stdout lines with their arrival times."""
-    proc = subprocess.Popen([sys.executable, "-m", "stack", "exec", code], env=_agent_env(url),
+    proc = subprocess.Popen([sys.executable, "-m", "stasis_cli", "exec", code], env=_agent_env(url),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     lines: list[tuple[float, str]] = []
 

@@ -86,7 +86,7 @@ def test_an_idle_sandbox_is_suspended_and_resumed_from_the_cli(local_stack, tmp_
             "sandbox", "run", "--repo", str(repo), "--base", "main", "--idle-seconds", "1",
             "--command", "echo first > a.txt; sleep 3; echo second > b.txt", "--wait",
             "--json", check=False, timeout=240)
-        assert out.returncode == 3, out.stdout + out.stderr  # stopped at the suspension
+        assert out.returncode == 5, out.stdout + out.stderr  # stopped at the suspension
         doc = json.loads(out.stdout)
         sandbox_id = doc["id"]
         assert doc["state"] == "SUSPENDED" and doc["reason"] == "suspended_idle"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from harness.notebook import Notebook
 from stack import local, persistence
-from stack.notebook import Notebook
 from tests.e2e.conftest import start_stack
 
 
@@ -24,7 +24,7 @@ def test_down_pauses_and_saves_and_up_brings_the_workspace_back(tmp_path):
     try:
         stack.cli("ws", "create", "keep", "--team", "ml-a", "--wait")
         info = _status(stack, "keep")
-        nb = Notebook(info["url"], info["token"])
+        nb = Notebook(info["direct_url"], info["token"])
         kernel = nb.open("work.ipynb")
         nb.run(kernel, "answer = 6 * 7")
 
@@ -40,7 +40,7 @@ def test_down_pauses_and_saves_and_up_brings_the_workspace_back(tmp_path):
         assert _status(stack, "keep")["state"] == "PAUSED"
         stack.cli("ws", "resume", "keep", "--team", "ml-a", "--wait")
         info = _status(stack, "keep")
-        nb = Notebook(info["url"], info["token"])
+        nb = Notebook(info["direct_url"], info["token"])
         assert nb.run(nb.open("work.ipynb"), "print(answer)").stdout.strip() == "42"
 
         local.down(stack.settings, pause=False)

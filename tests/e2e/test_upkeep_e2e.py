@@ -48,9 +48,12 @@ def test_an_idle_signal_pauses_through_the_stack_and_the_owner_reads_why(stack):
     changes = stack.subscribe("stasis-workspace-state-changed")
     busy = {"workspace_id": "ml-a--quiet", "last_activity": (now - timedelta(hours=1)).isoformat(),
             "observed_at": (now + timedelta(seconds=2)).isoformat(), "busy_kernels": 1}
-    stack.cli("events", "publish", "workspace.idle_detected", "--data", json.dumps(busy))
+    # as cluster monitoring would: the CLI itself may send requests only
+    stack.cli("events", "publish", "workspace.idle_detected", "--origin", "monitor",
+              "--data", json.dumps(busy))
     idle = {**busy, "busy_kernels": 0, "observed_at": (now + timedelta(seconds=3)).isoformat()}
-    stack.cli("events", "publish", "workspace.idle_detected", "--data", json.dumps(idle))
+    stack.cli("events", "publish", "workspace.idle_detected", "--origin", "monitor",
+              "--data", json.dumps(idle))
     doc = _state(stack, "ml-a--quiet", "PAUSED")
     assert doc["pause_cause"] == "idle"
     status = json.loads(stack.cli("ws", "status", "quiet", "--team", "ml-a", "--json").stdout)
@@ -66,7 +69,7 @@ def test_the_cli_runs_the_sweep_the_janitor_and_the_cost_rollup(stack):
     sweep = json.loads(stack.cli("idle", "sweep", "--dry-run", "--json").stdout)
     assert sweep["checked"] >= 1 and sweep["dry_run"] and "errors" in sweep
     # Two pauses: cpu-quick keeps the last snapshot only, so the first one expires.
-    bus = PubSubBus(stack.settings.project)
+    bus = PubSubBus(stack.settings.project, origin="operator")
     for _ in range(2):
         bus.publish(new_event(WorkspacePauseRequested("ml-a--snappy", actor="dev")))
         doc = _state(stack, "ml-a--snappy", "PAUSED")

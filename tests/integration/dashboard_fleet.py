@@ -37,6 +37,8 @@ EXAMPLE = ROOT / "examples" / "stasis.yaml"
 GIB, MIB = 2**30, 2**20
 
 TEAMS = {"ml-a": 120, "ml-b": 100, "vision": 80}
+#: A credential in vision's sandbox tasks: the dashboard must never show it.
+VISION_TOKEN = "ghp_visionCIsecret0123"
 OWNERS = {"ml-a": ["alice", "bob", "dev", "erin", "frank"], "ml-b": ["carol", "dan"],
           "vision": ["grace", "heidi", "ivan"]}
 PROFILE_WEIGHTS = {"cpu-small": 5, "cpu-large": 3, "gpu-small": 3, "tpu-v5e-8": 1}
@@ -240,7 +242,11 @@ def build_fleet(project: str, now: datetime, scale: int = 1) -> Fleet:
         done = state in (SandboxState.SUCCEEDED, SandboxState.TIMED_OUT)
         sandbox = Sandbox(
             id=f"sbx-{i:03d}", team=team, requester=OWNERS[team][0],
-            repository="https://git.example/trainer.git", command="pytest -q tests/",
+            # vision's tasks clone with a credential in the URL and the command, as people do
+            repository=(f"https://ci:{VISION_TOKEN}@git.example/trainer.git" if team == "vision"
+                        else "https://git.example/trainer.git"),
+            command=(f"GITHUB_TOKEN={VISION_TOKEN} pytest -q tests/" if team == "vision"
+                     else "pytest -q tests/"),
             base_ref="main", limits=Limits(600, 2 * GIB, 900, 256), allowed_network=(),
             state=state, reason="finished" if done else "admitted", requestid=f"rq-sbx-{i}",
             requested_at=requested,

@@ -1,7 +1,7 @@
 """Playing the kubelet for a job's JobSet: its pods as processes of this machine.
 
 ``host_env`` gives the worker container's environment for one completion index exactly
-as the JobSet (``functions.domain.jobset``) declares it, with the one mapping a single
+as the JobSet (``functions.kubernetes.objects.jobset``) declares it, with the one mapping a single
 machine needs: the pods' DNS names (``<job>-workers-0-<i>.<job>``) are 127.0.0.1, and the
 rendezvous ports free ones (the JobSet's fixed ports may be taken on a shared machine).
 ``start_hosts`` runs the container's command with it.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from functions.domain import jobset as js
+from functions.kubernetes.objects import jobset as js
 from runtime.local.jobs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

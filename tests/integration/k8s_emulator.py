@@ -28,6 +28,8 @@ RESOURCES = (
     "podsnapshot.gke.io/v1/podsnapshotstorageconfigs", "podsnapshot.gke.io/v1/podsnapshotpolicies",
     "podsnapshot.gke.io/v1/podsnapshotmanualtriggers", "podsnapshot.gke.io/v1/podsnapshots",
     "jobset.x-k8s.io/v1alpha2/jobsets",
+    # Kueue: the runtime's LocalQueues; Workloads a test writes as Kueue would
+    "kueue.x-k8s.io/v1beta2/localqueues", "kueue.x-k8s.io/v1beta2/workloads",
     "networking.gke.io/v1alpha1/fqdnnetworkpolicies",
     # metrics-server's PodMetrics: a test plays metrics-server by writing them
     "metrics.k8s.io/v1beta1/pods",

@@ -53,7 +53,8 @@ def chat(emulator_env: dict[str, str], sink: str) -> ChatDeps:
     topology.ensure(project, "http://127.0.0.1:9/")  # push endpoints unused here
     store = ChatStore(firestore.Client(project=project))
     notifier = SlackNotifier(SlackSettings(SECRET, TOKEN, f"{sink}/api/"))
-    return ChatDeps(reads=store, records=store, notifier=notifier, bus=PubSubBus(project),
+    return ChatDeps(reads=store, records=store, notifier=notifier,
+                    bus=PubSubBus(project, origin="chat"),
                     catalog=lambda: CATALOG, clock=lambda: datetime.now(UTC))
 
 
@@ -93,7 +94,7 @@ def test_a_signed_create_leaves_a_record_and_one_event_even_when_slack_retries(
         chat: ChatDeps, emulator_env: dict[str, str], sink: str) -> None:
     project = emulator_env["STASIS_PROJECT"]
     subscription = _pull_subscription(project, "stasis-workspace-requested")
-    app = ChatFunction(SlackSettings(SECRET, TOKEN, f"{sink}/api/"),
+    app = ChatFunction(SlackSettings(SECRET, TOKEN, f"{sink}/api/", team_id="T0"),
                        lambda req: answer(req, chat))
     body, headers = _signed("create mynb --profile cpu-small", sink, "1.2.trig")
     first = app.dispatch(body, headers)

@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from chromium_support import CHROMIUM, launched
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="the dashboard tests need the Debian package chromium at /usr/bin/chromium "
@@ -40,6 +40,7 @@ import functions_framework  # noqa: E402
 from dashboard_fleet import (  # noqa: E402
     PROFILE_WEIGHTS,
     TEAMS,
+    VISION_TOKEN,
     Fleet,
     build_fleet,
     config,
@@ -58,8 +59,6 @@ from stack.settings import Settings  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "functions" / "main.py"
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--no-first-run", "--disable-sync"]
 
 # --------------------------------------------------------------------------------------------
 # Fixtures: the seeded project, the function, the browser
@@ -74,9 +73,10 @@ def fleet(emulators: Any) -> Iterator[Fleet]:
     with pytest.MonkeyPatch.context() as mp:
         for name, value in emulators.env(project).items():
             mp.setenv(name, value)
-        for name in ("STASIS_IAP_AUDIENCE", "STASIS_IDENTITY", "STASIS_DASHBOARD_DEV_USER",
-                     "STASIS_PLATFORM_ADMINS"):
+        for name in ("STASIS_IAP_AUDIENCE", "STASIS_IDENTITY", "STASIS_DASHBOARD_DEV_USER"):
             mp.delenv(name, raising=False)
+        # dev (a team admin of ml-a in the catalog) is a platform admin here: it sees all.
+        mp.setenv("STASIS_PLATFORM_ADMINS", "dev")
         seeded = build_fleet(project, datetime.now(UTC))
         write_fleet(seeded)
         yield seeded
@@ -100,12 +100,7 @@ def base_url(fleet: Fleet) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    yield from launched()
 
 
 @dataclass
@@ -405,6 +400,44 @@ def test_a_non_admin_gets_403(tab: Tab, fleet: Fleet, monkeypatch: pytest.Monkey
     tab.shot("forbidden")
     monkeypatch.setenv("STASIS_DASHBOARD_DEV_USER", "grace")  # admin of vision
     tab.open("/sandboxes")
+    # The only complaints are the refused documents themselves.
+    assert all("403" in e for e in tab.errors), tab.errors
+
+
+def test_a_team_admin_sees_only_their_own_team(tab: Tab, fleet: Fleet,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """grace is an admin of vision only: no page shows her ml-a's or ml-b's fleet, links,
+    sandboxes or audit entries, and asking for one of them by name is refused."""
+    monkeypatch.setenv("STASIS_DASHBOARD_DEV_USER", "grace")
+    tab.open("/")
+    nav = tab.page.get_by_role("navigation")
+    assert tab.page.locator("[data-testid=total]").inner_text() == str(
+        len(fleet.ws(team="vision")))
+    assert set(tab.attrs("[data-testid=workspaces] tbody tr", "data-team")) == {"vision"}
+    assert tab.attrs("[data-testid=teams] tr[data-team]", "data-team") == ["vision"]
+    assert tab.attrs("a[data-facet=team][data-count]", "data-value") == ["vision"]
+    nav.get_by_role("link", name="Links", exact=True).click()
+    tab.page.wait_for_load_state()
+    assert tab.attrs("[data-testid=per-team] tr[data-team]", "data-team") == ["vision"]
+    assert set(tab.attrs("[data-testid=links] tbody tr", "data-team")) == {"vision"}
+    nav.get_by_role("link", name="Sandboxes", exact=True).click()
+    tab.page.wait_for_load_state()
+    assert set(tab.attrs("[data-testid=sandboxes] tbody tr", "data-team")) == {"vision"}
+    assert VISION_TOKEN not in tab.page.content()  # her own team's credentials, redacted
+    assert "https://***@git.example/trainer.git" in tab.page.content()
+    nav.get_by_role("link", name="Audit log", exact=True).click()
+    tab.page.wait_for_load_state()
+    audit = tab.page.locator("[data-testid=audit]").inner_text()
+    assert "vision" in audit and "ml-a" not in audit and "ml-b" not in audit
+    nav.get_by_role("link", name="Cost", exact=True).click()
+    tab.page.wait_for_load_state()
+    assert tab.attrs("[data-testid=cost] tr[data-team]", "data-team") == ["vision"]
+    assert tab.page.get_by_text("forecast, your teams").count() == 1
+    tab.shot("team-admin")
+    for path in ("/fleet?team=ml-a", "/links?team=ml-b", "/audit?team=ml-a",
+                 "/sandboxes?team=ml-b"):
+        tab.open(path, status=403)
+        assert "is not one of yours" in tab.page.locator("[data-testid=error]").inner_text()
     # The only complaints are the refused documents themselves.
     assert all("403" in e for e in tab.errors), tab.errors
 

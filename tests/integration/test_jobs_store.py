@@ -18,10 +18,12 @@ from google.cloud import firestore
 
 from events import new_event
 from events.payloads import JobFinished, JobSubmitted
+from functions.adapters.firestore_store import FirestoreStore
 from functions.adapters.job_store import FirestoreJobStore
 from functions.domain.catalog import Catalog
 from functions.handlers import jobs as handler
 from functions.routes import ROUTES
+from runtime.local.publisher import RecordingPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
@@ -33,7 +35,8 @@ def env(emulator_env: dict[str, str]) -> Any:
     db = firestore.Client(project=emulator_env["STASIS_PROJECT"])
     db.collection("teams").document("ml-a").set(
         {"id": "ml-a", "usage": {"workspaces": 1, "gpus": 1, "tpus": 0, "snapshot_bytes": 0}})
-    deps = SimpleNamespace(jobs=FirestoreJobStore(db), catalog=lambda: CATALOG,
+    deps = SimpleNamespace(store=FirestoreStore(db), jobs=FirestoreJobStore(db),
+                           bus=RecordingPublisher(), catalog=lambda: CATALOG,
                            clock=lambda: NOW)
     return SimpleNamespace(db=db, deps=deps)
 
@@ -99,23 +102,30 @@ def test_admission_release_and_refusal_in_one_transaction(env: Any) -> None:
     audit = [a.to_dict() for a in env.db.collection("audit").stream()]
     assert {(a["target"], a["outcome"].split(":")[0]) for a in audit} >= {
         ("job-a", "accepted"), ("job-b", "refused")}
+    # each recorded change is told once, from the ledger's outbox
+    changes = [(e.id, e.payload.from_state, e.payload.to_state)
+               for e in env.deps.bus.events if e.name == "job.state_changed"]
+    assert changes == [("job-a-running", None, "RUNNING"), ("job-b-refused", None, "REFUSED"),
+                       ("job-a-failed", "RUNNING", "FAILED"), ("job-c-refused", None, "REFUSED")]
 
 
 def test_concurrent_submissions_never_exceed_the_quota(env: Any) -> None:
     """Two stores (two function instances: no shared lock) race for the last 8 chips."""
-    stores = [FirestoreJobStore(firestore.Client(project=env.db.project)) for _ in range(2)]
+    clients = [firestore.Client(project=env.db.project) for _ in range(2)]
     results: list[Any] = []
 
     def go(i: int) -> None:
-        deps = SimpleNamespace(jobs=stores[i], catalog=lambda: CATALOG, clock=lambda: NOW)
+        deps = SimpleNamespace(store=FirestoreStore(clients[i]),
+                               jobs=FirestoreJobStore(clients[i]), bus=RecordingPublisher(),
+                               catalog=lambda: CATALOG, clock=lambda: NOW)
         ev = submitted(f"job-r{i}")
         # a different team lock per thread: only the Firestore transaction arbitrates
         results.append(handler.handle(ev, deps, f"on_job_submitted_{i}"))
 
-    import functions.adapters.job_store as module
+    import functions.adapters.firestore_store as module
 
-    real = module._team_lock
-    module._team_lock = lambda team: threading.Lock()  # type: ignore[assignment]
+    real = module._lock
+    module._lock = lambda name: threading.Lock()  # type: ignore[assignment]
     try:
         threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
         for t in threads:
@@ -123,7 +133,7 @@ def test_concurrent_submissions_never_exceed_the_quota(env: Any) -> None:
         for t in threads:
             t.join(timeout=60)
     finally:
-        module._team_lock = real  # type: ignore[assignment]
+        module._lock = real  # type: ignore[assignment]
     assert sorted(r.accepted for r in results) == [False, True]
     assert usage(env)["tpus"] == 8
 
@@ -167,8 +177,8 @@ def test_a_local_job_this_node_cannot_run_is_refused_before_the_quota(env: Any) 
     from functions.adapters.null_runtime import KNOWN_ACCELERATORS, NullRuntime
 
     node = {kind: 0 for kind in KNOWN_ACCELERATORS} | {"nvidia-l4": 2}
-    deps = SimpleNamespace(jobs=env.deps.jobs, catalog=lambda: CATALOG, clock=lambda: NOW,
-                           runtime=NullRuntime(bus=None, accelerators=node))  # type: ignore[arg-type]
+    deps = SimpleNamespace(**{**vars(env.deps),
+                              "runtime": NullRuntime(bus=None, accelerators=node)})  # type: ignore[arg-type]
     d = handler.handle(submitted("job-tpu"), deps, "on_job_submitted")
     assert d is not None and not d.accepted and d.reason == "accelerator_unavailable"
     doc = job(env, "job-tpu")
@@ -214,7 +224,7 @@ def test_the_reconciler_gives_back_a_paused_workspace_jobs_chips_once(env: Any) 
     def reconcile(at: Any) -> Any:
         deps = SimpleNamespace(store=FirestoreStore(env.db), bus=bus,
                                runtime=NullRuntime(bus), jobs=env.deps.jobs,
-                               sandboxes=None, clock=lambda: at)
+                               sandboxes=None, fleet=None, clock=lambda: at)
         return reconciler.reconcile(deps)
 
     assert not reconcile(paused_at + JOB_GRACE).jobs  # the kernel may still report it

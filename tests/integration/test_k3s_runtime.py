@@ -26,12 +26,18 @@ import pytest
 import yaml
 from k3s_support import import_image, until
 
-from functions.adapters.kubernetes_runtime import KubernetesRuntime
 from functions.domain import admission
-from functions.domain import manifests as m
 from functions.domain.catalog import Catalog
+from functions.kubernetes.objects.settings import SYSTEM_NAMESPACE, ClusterSettings
+from functions.kubernetes.objects.workspace import (
+    WORKSPACE_CONTAINER,
+    WorkspaceNames,
+    workspace_names,
+)
+from functions.kubernetes.workspaces import KubernetesRuntime
 from functions.ports import WorkspaceSpec
-from runtime.kubernetes.monitor import KubeCluster, Monitor, ProxySidecars
+from runtime.kubernetes.cluster import KubeCluster
+from runtime.kubernetes.monitor import Monitor, ProxySidecars
 from runtime.local.publisher import RecordingPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +48,7 @@ BUCKET = "stasis-snapshots"
 ENV_DOCKERFILE = """\
 FROM python:3.11-slim
 RUN pip install --no-cache-dir "jupyterlab>=4.2,<5" "ipykernel>=6.29" "jupyter-client>=8.6,<9" \\
-      "cloudpickle>=3,<4" "requests>=2.32,<3" numpy
+      "cloudpickle>=3,<4" "blake3==1.0.11" numpy
 """
 GCS_DOCKERFILE = f"""\
 FROM python:3.11-slim
@@ -103,30 +109,30 @@ def _start_gcs(api: Any) -> None:
 
     core, apps = kube.CoreV1Api(api), kube.AppsV1Api(api)
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                           "metadata": {"name": m.SYSTEM_NAMESPACE}})
+                           "metadata": {"name": SYSTEM_NAMESPACE}})
     labels = {"app": "gcs"}
-    apps.create_namespaced_deployment(m.SYSTEM_NAMESPACE, {
+    apps.create_namespaced_deployment(SYSTEM_NAMESPACE, {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gcs"},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
             "metadata": {"labels": labels},
             "spec": {"containers": [{"name": "gcs", "image": GCS_IMAGE,
                                      "imagePullPolicy": "Never",
                                      "ports": [{"containerPort": 4443}]}]}}}})
-    core.create_namespaced_service(m.SYSTEM_NAMESPACE, {
+    core.create_namespaced_service(SYSTEM_NAMESPACE, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "gcs"},
         "spec": {"selector": labels, "ports": [{"port": 4443, "targetPort": 4443}]}})
     until(lambda: any(
         (p.status.phase == "Running") for p in core.list_namespaced_pod(
-            m.SYSTEM_NAMESPACE, label_selector="app=gcs").items), 180, "fake-gcs-server")
+            SYSTEM_NAMESPACE, label_selector="app=gcs").items), 180, "fake-gcs-server")
 
 
-def _exec(api: Any, names: m.WorkspaceNames, script: str) -> str:
+def _exec(api: Any, names: WorkspaceNames, script: str) -> str:
     """Run Python in the workspace container (the kernels' own side of the pod)."""
     from kubernetes import client as kube
     from kubernetes.stream import stream
 
     return str(stream(kube.CoreV1Api(api).connect_get_namespaced_pod_exec, names.pod,
-                      names.namespace, container=m.WORKSPACE_CONTAINER,
+                      names.namespace, container=WORKSPACE_CONTAINER,
                       command=["python", "-c", script], stderr=True, stdout=True, stdin=False,
                       tty=False))
 
@@ -148,7 +154,7 @@ print("RESULT:" + "".join(out).strip())
 """
 
 
-def _run_in_kernel(api: Any, names: m.WorkspaceNames, code: str) -> str:
+def _run_in_kernel(api: Any, names: WorkspaceNames, code: str) -> str:
     output = _exec(api, names, _KERNEL.replace("CODE", repr(code)))
     return output.rsplit("RESULT:", 1)[-1].strip()
 
@@ -160,7 +166,7 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
     for environment in config["environments"]:
         environment["image"] = ENV_IMAGE
     catalog = Catalog.from_config(config)
-    settings = m.ClusterSettings(
+    settings = ClusterSettings(
         pod_snapshots=False, agent_image=AGENT_IMAGE, storage_class="local-path",
         agent_env={"STORAGE_EMULATOR_HOST": "http://gcs.stasis-system.svc.cluster.local:4443"})
     runtime = KubernetesRuntime(k3s_api, settings=settings, catalog=lambda: catalog)
@@ -183,7 +189,7 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
                 getattr(e.payload, k) == v for k, v in fields.items())), None)
         return until(seen, timeout, name)
 
-    names = m.workspace_names("ml-a", ws, settings)
+    names = workspace_names("ml-a", ws, settings)
     runtime.provision(spec("req-provision"))
     # The monitor reaches the agent through the API server, which NetworkPolicy may not
     # count as the system namespace on every CNI: this test is about snapshots.

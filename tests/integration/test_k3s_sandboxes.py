@@ -32,10 +32,11 @@ import pytest
 import yaml
 from k3s_support import import_image, until
 
-from functions.adapters.kubernetes_sandbox_runtime import GcsUrlSigner, KubernetesSandboxRuntime
-from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
-from runtime.kubernetes.monitor import KubeCluster
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.objects.settings import SandboxClusterSettings
+from functions.kubernetes.sandboxes import GcsUrlSigner, KubernetesSandboxRuntime
+from runtime.kubernetes.cluster import KubeCluster
 from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import RecordingPublisher
 
@@ -125,14 +126,15 @@ def test_a_sandbox_on_k3s_returns_a_patch_and_reaches_nothing_else(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     git_port = server.server_address[1]
 
-    settings = sm.SandboxClusterSettings(
+    settings = SandboxClusterSettings(
         runtime_class=None, task_image=TOOLS_IMAGE, tools_image=TOOLS_IMAGE,
         transfer_cidrs=(f"{k3s['gateway']}/32",), transfer_port=k3s["gcs_port"],
         transfer_host_aliases=())
     runtime = KubernetesSandboxRuntime(k3s["api"], storage=gcs, settings=settings,
                                        signer=GcsUrlSigner.for_emulator(k3s["gcs_url"]))
     bus = RecordingPublisher()
-    watch = SandboxWatch(KubeCluster(k3s["api"]).pods, runtime.kube, gcs, bus)
+    cluster = KubeCluster(k3s["api"])
+    watch = SandboxWatch(cluster.pods, cluster, gcs, bus)
     reach = f"http://{k3s['gateway']}:{git_port}/calc.git/HEAD"
     command = (f"if wget -q -T 5 -O /dev/null {reach}; then echo reached > REACHED; fi; "
                "sed -i 's/a - b/a + b/' calc.py")

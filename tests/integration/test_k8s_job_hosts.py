@@ -1,8 +1,8 @@
 """The pod command of a kubernetes job, for real: ``python -m runtime.kubernetes.job_host``
 as N processes of this machine, each with exactly the environment the JobSet gives its pod
-(``functions.domain.jobset``: the completion index resolved, as the kubelet does), against
-fake-gcs-server (``job_pods``: the pods' DNS names are 127.0.0.1 here, the rendezvous ports
-free ones).
+(``functions.kubernetes.objects.jobset``: the completion index resolved, as the kubelet
+does), against fake-gcs-server (``job_pods``: the pods' DNS names are 127.0.0.1 here, the
+rendezvous ports free ones).
 
 A torch all-reduce over gloo with 1 and 4 hosts gives the right sum, every host's lines
 are in its log chunks, host 0's result is stored; a JAX psum over 2 hosts
@@ -24,8 +24,8 @@ import pytest
 import yaml
 from job_pods import start_hosts
 
-from functions.domain import jobset as js
 from functions.domain.catalog import Catalog
+from functions.kubernetes.objects import jobset as js
 from runtime.snapshot.storage import ObjectStore
 from stasis.jobs import payload_bytes
 

@@ -41,14 +41,18 @@ from k8s_emulator import EmulatedCluster, emulated_cluster
 
 from events import from_pubsub, new_event, spec_for
 from events.payloads import JobFinished, JobSubmitted
+from functions.adapters.firestore_store import FirestoreStore
 from functions.adapters.job_store import FirestoreJobStore
-from functions.adapters.kube_api import KubeApi
-from functions.adapters.kubernetes_job_runtime import KubernetesJobRuntime
 from functions.adapters.pubsub_bus import PubSubBus
-from functions.domain import jobset as js
 from functions.domain.catalog import Catalog
 from functions.handlers import jobs as handler
+from functions.kubernetes.api import KubeApi
+from functions.kubernetes.jobs import KubernetesJobRuntime
+from functions.kubernetes.objects import jobset as js
+from functions.kubernetes.objects.hardware import GKE_TPU_TOPOLOGY
+from functions.kubernetes.objects.meta import ANN_REQUESTID
 from functions.ports import JobRun
+from runtime.kubernetes.cluster import KubeCluster
 from runtime.kubernetes.job_watch import JobWatch
 from runtime.local.publisher import PubSubPublisher
 from runtime.snapshot.storage import ObjectStore
@@ -85,6 +89,8 @@ def env(emulator_env: dict[str, str], cluster: EmulatedCluster) -> Any:
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
     topic = publisher.topic_path(project, spec_for("job.finished").topic)
     publisher.create_topic(name=topic)
+    # the handler's outbox publishes each recorded change, as on the stack's topology
+    publisher.create_topic(name=publisher.topic_path(project, spec_for("job.state_changed").topic))
     subscription = subscriber.subscription_path(project, "test-job-finished")
     subscriber.create_subscription(request={"name": subscription, "topic": topic})
     runtime = KubernetesJobRuntime(
@@ -94,10 +100,11 @@ def env(emulator_env: dict[str, str], cluster: EmulatedCluster) -> Any:
              "STASIS_JOB_LOG_INTERVAL": "0.5"})
     deps = SimpleNamespace(jobs=FirestoreJobStore(db), catalog=lambda: CATALOG,
                            clock=lambda: datetime.now(UTC), job_runtime=runtime,
-                           bus=PubSubBus(project),
-                           store=SimpleNamespace(get_workspace=lambda _id: None))
+                           bus=PubSubBus(project, origin="on_job_submitted"),
+                           store=FirestoreStore(db))
     kube = KubeApi(cluster.api_client)
-    watch = JobWatch(kube, PubSubPublisher(project), objects)
+    watch = JobWatch(KubeCluster(cluster.api_client),
+                     PubSubPublisher(project, origin="monitor"), objects)
     return SimpleNamespace(db=db, deps=deps, kube=kube, watch=watch, objects=objects,
                            bucket=bucket, project=project, subscription=subscription,
                            subscriber=subscriber, runtime=runtime,
@@ -196,14 +203,14 @@ def test_admission_applies_a_valid_jobset_once(env: Any) -> None:
     kubernetes_validate.validate({k: svc[k] for k in ("apiVersion", "kind", "spec")} | {
         "metadata": {"name": svc["metadata"]["name"]}}, "1.35", strict=True)
     pod_spec = template["spec"]["template"]["spec"]
-    assert pod_spec["nodeSelector"][js.TPU_TOPOLOGY] == "2x4"
+    assert pod_spec["nodeSelector"][GKE_TPU_TOPOLOGY] == "2x4"
     assert pod_spec["initContainers"][0]["image"] == AGENT_IMAGE
     container = pod_spec["containers"][0]
     assert container["command"] == list(js.HOST_COMMAND)
     values = {e["name"]: e.get("value") for e in container["env"]}
     assert values["STASIS_JOB_URI"] == f"gs://{env.bucket}/jobs/ml-a/job-tpu-a"
     assert values["PYTHONPATH"] == js.SOURCE_MOUNT
-    assert obj["metadata"]["annotations"][js.ANN_REQUESTID] == "submit-job-tpu-a"
+    assert obj["metadata"]["annotations"][ANN_REQUESTID] == "submit-job-tpu-a"
     # the ledger entry's outbox was sent and marked done
     ledger = [d.to_dict() for d in env.db.collection("processed").stream()]
     assert [(d["status"], d["outbox"]) for d in ledger] == [("done", [])]
@@ -248,7 +255,11 @@ def test_an_outbox_that_failed_is_sent_again_on_redelivery(env: Any) -> None:
         deliver(env, event)
     assert job(env, "job-retry")["state"] == "RUNNING" and not jobsets(env)
     (entry,) = [d.to_dict() for d in env.db.collection("processed").stream()]
-    assert entry["status"] == "pending" and entry["outbox"][0]["start"]["hosts"] == 2
+    assert entry["status"] == "pending" and entry["outbox"][0] == {
+        "command": "StartJob", "fields": {
+            "job_id": "job-retry", "team": "ml-a", "owner": "alice", "profile": "cpu-small",
+            "hosts": 2, "payload_uri": event.payload.payload_uri, "topology": None,
+            "workspace_id": "ml-a--nb"}}
     assert deliver(env, event) is None  # a duplicate for the ledger, but its outbox is sent
     assert calls == ["job-retry", "job-retry"]
     assert [j["metadata"]["name"] for j in jobsets(env)] == ["job-retry"]
@@ -298,7 +309,8 @@ def test_the_watcher_names_the_first_failed_host_and_releases_the_slice(env: Any
     assert event.requestid == "finish-job-fail"
     # reported once; a restarted watcher reports it again, as the same event
     assert env.watch.sync() is False and pull(env, 1, timeout=1) == []
-    restarted = JobWatch(env.kube, PubSubPublisher(env.project), env.objects)
+    restarted = JobWatch(env.watch.kube,
+                         PubSubPublisher(env.project, origin="monitor"), env.objects)
     assert restarted.sync() is False
     (again,) = pull(env, 1)
     assert (again.id, again.requestid) == (event.id, event.requestid)
@@ -480,7 +492,7 @@ def test_on_k3s_a_jobset_of_torch_hosts_runs_to_its_end(k3s_jobs: Any) -> None:
     runtime.start(JobRun(job_id, "ml-a", "alice", "cpu-small", 2,
                          f"gs://{k8s.bucket}/{prefix}/{js.PAYLOAD}", "req-k3s"))
     bus = RecordingPublisher()
-    watch = JobWatch(KubeApi(k8s.api), bus, k8s.gcs)
+    watch = JobWatch(KubeCluster(k8s.api), bus, k8s.gcs)
 
     def finished() -> Any:
         watch.sync()

@@ -37,23 +37,25 @@ from kubernetes import client
 
 import events
 from events import SandboxFinished
-from functions.adapters.kube_api import KubeApi
-from functions.adapters.kubernetes_sandbox_runtime import (
-    GcsUrlSigner,
-    KubernetesSandboxRuntime,
-    finished_event_id,
-)
-from functions.domain import manifests as m
-from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec, result_prefix
+from functions.kubernetes.api import KubeApi
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.objects.meta import (
+    ANN_BASE_SHA,
+    ANN_IDLE_SECONDS,
+    ANN_NETWORK,
+    ANN_REQUESTID,
+    ANN_SANDBOX_ID,
+    ANN_SEQUENCE,
+)
+from functions.kubernetes.objects.podsnapshot import PS_NAME_ANNOTATION
+from functions.kubernetes.sandboxes import GcsUrlSigner, KubernetesSandboxRuntime
 from functions.ports import RuntimeRefused, RuntimeUnavailable
-from runtime.kubernetes.monitor import KubeCluster
-from runtime.kubernetes.sandbox_watch import KubePodMetrics, SandboxWatch
+from runtime.kubernetes.cluster import KubeCluster
+from runtime.kubernetes.sandbox_watch import SandboxWatch
 from runtime.local.publisher import PubSubPublisher
 
 K8S_VERSION = "1.35"
-SUBJECT = {"kind": "User", "name": "fn@example-project.iam.gserviceaccount.com",
-           "apiGroup": "rbac.authorization.k8s.io"}
 TEAM = "ml-a"
 NAMESPACE = "stasis-ml-a"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false"]
@@ -189,7 +191,7 @@ def runtime(cluster: EmulatedCluster, bucket: storage.Bucket, emulators: Any,
     runtime = KubernetesSandboxRuntime(
         cluster.api_client, storage=bucket.client,
         signer=GcsUrlSigner.for_emulator(emulators.gcs.url),
-        bus=PubSubPublisher(emulator_env["STASIS_PROJECT"]), subject=SUBJECT)
+        bus=PubSubPublisher(emulator_env["STASIS_PROJECT"], origin="monitor"))
     runtime.kube = RecordingKube(cluster.api_client)
     return runtime
 
@@ -198,8 +200,9 @@ def runtime(cluster: EmulatedCluster, bucket: storage.Bucket, emulators: Any,
 def watch(cluster: EmulatedCluster, bucket: storage.Bucket,
           emulator_env: dict[str, str]) -> SandboxWatch:
     kube = KubeCluster(cluster.api_client)
-    return SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
-                        PubSubPublisher(emulator_env["STASIS_PROJECT"]), snapshots=kube)
+    return SandboxWatch(kube.pods, kube, bucket.client,
+                        PubSubPublisher(emulator_env["STASIS_PROJECT"], origin="monitor"),
+                        snapshots=kube)
 
 
 def spec_for(repo: Repo, bucket: storage.Bucket, sandbox_id: str = "sbx-1", *,
@@ -271,10 +274,12 @@ def test_start_bundles_the_base_commit_and_applies_policies_before_the_pod(
     runtime.start(spec)
 
     applied = runtime.kube.applied  # type: ignore[attr-defined]
-    assert [kind for kind, _ in applied] == ["Namespace", "RoleBinding", "NetworkPolicy",
-                                             "NetworkPolicy", "FQDNNetworkPolicy", "Secret",
-                                             "Pod"]
-    for kind, name in applied[2:]:
+    # the team's namespace is created only if missing (never patched), and no RoleBinding:
+    # the install step binds (deploy/cluster.py)
+    assert [kind for kind, _ in applied] == ["NetworkPolicy", "NetworkPolicy",
+                                             "FQDNNetworkPolicy", "Secret", "Pod"]
+    assert KubeApi(cluster.api_client).read("Namespace", None, NAMESPACE) is not None
+    for kind, name in applied:
         obj = read(cluster, kind, name)
         assert obj is not None, (kind, name)
         if kind != "FQDNNetworkPolicy":  # a GKE CRD, not in the Kubernetes schema
@@ -286,10 +291,10 @@ def test_start_bundles_the_base_commit_and_applies_policies_before_the_pod(
     pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
     assert pod is not None
     annotations = pod["metadata"]["annotations"]
-    assert annotations[sm.ANN_BASE_SHA] == repo.head
-    assert annotations[sm.ANN_SANDBOX_ID] == spec.sandbox_id
-    assert annotations[sm.ANN_REQUESTID] == spec.requestid
-    assert "only pypi.org, 10.20.0.0/16" in annotations[sm.ANN_NETWORK]
+    assert annotations[ANN_BASE_SHA] == repo.head
+    assert annotations[ANN_SANDBOX_ID] == spec.sandbox_id
+    assert annotations[ANN_REQUESTID] == spec.requestid
+    assert "only pypi.org, 10.20.0.0/16" in annotations[ANN_NETWORK]
 
     bundle = bucket.get_blob(f"{spec.prefix}/{sm.BUNDLE_OBJECT}")
     assert bundle is not None and bundle.metadata == {"base-sha": repo.head}
@@ -333,7 +338,7 @@ def test_a_redelivered_start_changes_nothing(cluster: EmulatedCluster,
     KubeApi(cluster.api_client).delete("Pod", NAMESPACE, sm.object_name(spec.sandbox_id))
     runtime.start(spec)
     pod = read(cluster, "Pod", sm.object_name(spec.sandbox_id))
-    assert pod is not None and pod["metadata"]["annotations"][sm.ANN_BASE_SHA] == repo.head
+    assert pod is not None and pod["metadata"]["annotations"][ANN_BASE_SHA] == repo.head
 
 
 @pytest.mark.parametrize("where", ["path", "relative", "file-url"])
@@ -423,7 +428,7 @@ def test_the_watch_reports_how_the_pod_ended_and_cleans_up(
     payload = event.payload
     assert isinstance(payload, SandboxFinished)
     assert event.requestid == spec.requestid
-    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert event.id == sm.finished_event_id(spec.sandbox_id, spec.requestid)
     assert (payload.termination, payload.exit_status, payload.error) == (
         want.termination, want.code, want.error)
     assert payload.succeeded is (case == "succeeded")
@@ -469,7 +474,7 @@ def test_a_restarted_watch_reports_again_under_the_same_id(
     restarted = SandboxWatch(watch.pods, watch.logs, watch.storage, watch.bus)
     assert restarted.sync() is False
     first, again = finished.pull(2)
-    assert first.id == again.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert first.id == again.id == sm.finished_event_id(spec.sandbox_id, spec.requestid)
     assert first.payload == again.payload and first.requestid == again.requestid
     assert first.payload.termination == "exited" and first.payload.succeeded
 
@@ -489,7 +494,7 @@ def test_cancel_deletes_the_objects_and_reports_cancelled(
     assert sm.BUNDLE_OBJECT not in names(bucket, spec)
     [event] = finished.pull()
     assert (event.payload.termination, event.payload.succeeded) == ("cancelled", False)
-    assert event.id == finished_event_id(spec.sandbox_id, spec.requestid)
+    assert event.id == sm.finished_event_id(spec.sandbox_id, spec.requestid)
     runtime.cancel(spec.sandbox_id)  # idempotent
     assert runtime.status(spec.sandbox_id) is None and finished.none_pending()
 
@@ -745,9 +750,10 @@ def clock() -> Clock:
 def idle_watch(cluster: EmulatedCluster, bucket: storage.Bucket, clock: Clock,
                emulator_env: dict[str, str]) -> SandboxWatch:
     kube = KubeCluster(cluster.api_client)
-    return SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
-                        PubSubPublisher(emulator_env["STASIS_PROJECT"]), snapshots=kube,
-                        metrics=KubePodMetrics(cluster.api_client), clock=clock)
+    return SandboxWatch(kube.pods, kube, bucket.client,
+                        PubSubPublisher(emulator_env["STASIS_PROJECT"], origin="monitor"),
+                        snapshots=kube,
+                        metrics=kube, clock=clock)
 
 
 @pytest.fixture
@@ -775,7 +781,7 @@ def test_an_idle_pod_is_reported_once_and_a_busy_one_never(
         runtime.start(spec)
         kubelet(cluster, spec, {"phase": "Running"})
     pod = read(cluster, "Pod", sm.object_name(quiet.sandbox_id))
-    assert pod is not None and pod["metadata"]["annotations"][sm.ANN_IDLE_SECONDS] == "600"
+    assert pod is not None and pod["metadata"]["annotations"][ANN_IDLE_SECONDS] == "600"
 
     cpus = {quiet.sandbox_id: "1200000n", busy.sandbox_id: "2m", never.sandbox_id: "0"}
     sample(cluster, idle_watch, clock, cpus, 0)
@@ -798,9 +804,8 @@ def test_an_idle_pod_is_reported_once_and_a_busy_one_never(
     # A restarted monitor measures from scratch and reports the same period under the
     # same id, which the control plane's ledger absorbs.
     kube = KubeCluster(cluster.api_client)
-    restarted = SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
-                             idle_watch.bus, snapshots=kube,
-                             metrics=KubePodMetrics(cluster.api_client), clock=clock)
+    restarted = SandboxWatch(kube.pods, kube, bucket.client, idle_watch.bus, snapshots=kube,
+                             metrics=kube, clock=clock)
     sample(cluster, restarted, clock, cpus, 0)
     assert idle.none_pending()
     for _ in range(10):
@@ -815,14 +820,15 @@ def test_without_the_metrics_api_no_sandbox_is_reported_idle(
         caplog: pytest.LogCaptureFixture) -> None:
     # No metrics-server: the API server answers 404 (and nothing may be written there).
     del cluster.emulator.resources["metrics.k8s.io/v1beta1/pods"]
-    assert KubePodMetrics(cluster.api_client).pod_metrics() is None
+    assert KubeCluster(cluster.api_client).pod_metrics() is None
     spec = spec_for(repo, bucket)
     runtime.start(spec)
     kubelet(cluster, spec, {"phase": "Running"})
     kube = KubeCluster(cluster.api_client)
-    watch = SandboxWatch(kube.pods, KubeApi(cluster.api_client), bucket.client,
-                         PubSubPublisher(os.environ["STASIS_PROJECT"]), snapshots=kube,
-                         metrics=KubePodMetrics(cluster.api_client), clock=clock)
+    watch = SandboxWatch(kube.pods, kube, bucket.client,
+                         PubSubPublisher(os.environ["STASIS_PROJECT"], origin="monitor"),
+                         snapshots=kube,
+                         metrics=kube, clock=clock)
     with caplog.at_level("WARNING", logger="runtime.kubernetes.sandbox_watch"):
         for _ in range(12):
             clock.advance(60)
@@ -854,6 +860,8 @@ def test_an_idle_sandbox_is_suspended_by_the_control_plane_and_resumed(
     root = Path(__file__).resolve().parents[2]
     catalog = Catalog.from_config(yaml.safe_load((root / "examples" / "stasis.yaml").read_text()))
     db = firestore.Client(project=emulator_env["STASIS_PROJECT"])
+    # what the handler records, it tells on sandbox.state_changed (from its outbox)
+    changes = Finished(emulator_env["STASIS_PROJECT"], "sandbox.state_changed")
     deps = Deps(store=FirestoreStore(db), bus=idle_watch.bus, runtime=None,  # type: ignore[arg-type]
                 snapshots=None, catalog=lambda: catalog,  # type: ignore[arg-type]
                 clock=clock, snapshot_bucket=bucket.name,
@@ -880,7 +888,7 @@ def test_an_idle_sandbox_is_suspended_by_the_control_plane_and_resumed(
     [trigger] = api.list("PodSnapshotManualTrigger", NAMESPACE)
     assert trigger["spec"] == {"targetPod": pod_name}
     annotations = trigger["metadata"]["annotations"]
-    assert (annotations[sm.ANN_SEQUENCE], annotations[sm.ANN_IDLE_SECONDS]) == (
+    assert (annotations[ANN_SEQUENCE], annotations[ANN_IDLE_SECONDS]) == (
         "1", str(report.payload.idle_seconds))
     doc = db.collection("sandboxes").document(sandbox_id).get().to_dict()
     assert doc["state"] == "RUNNING"  # until the runtime says it holds it
@@ -901,7 +909,7 @@ def test_an_idle_sandbox_is_suspended_by_the_control_plane_and_resumed(
     resume = new_event(SandboxResumeRequested(sandbox_id, "alice"), source="//test")
     handler.handle(resume, deps, "on_sandbox_resume_requested")
     restored = read(cluster, "Pod", pod_name)
-    assert restored is not None and m.PS_NAME_ANNOTATION in restored["metadata"]["annotations"]
+    assert restored is not None and PS_NAME_ANNOTATION in restored["metadata"]["annotations"]
     kubelet(cluster, spec_for(repo, bucket, sandbox_id), {"phase": "Running"})
     sample(cluster, idle_watch, clock, {sandbox_id: "0"})
     sample(cluster, idle_watch, clock, {sandbox_id: "40m"})  # it works again: not idle
@@ -913,3 +921,6 @@ def test_an_idle_sandbox_is_suspended_by_the_control_plane_and_resumed(
     decision = handler.handle(second, deps, "on_sandbox_idle_detected")
     assert decision is not None and decision.suspend[0].sequence == 2
     assert len(api.list("PodSnapshotManualTrigger", NAMESPACE)) == 2
+    told = sorted((e.payload.version, e.payload.to_state, e.payload.method)
+                  for e in changes.pull(want=3))
+    assert told == [(1, "RUNNING", ""), (2, "SUSPENDED", "pod"), (3, "RUNNING", "")]

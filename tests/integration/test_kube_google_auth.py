@@ -1,4 +1,5 @@
-"""A Cloud Function reaches GKE with its Google identity: ``kube_api.google_api_client``.
+"""A Cloud Function reaches GKE with its Google identity:
+``functions.kubernetes.api.google_api_client``.
 
 A real HTTP server plays both the cluster's API server (recording the Authorization
 header of every request) and Google's token endpoint (a real google-auth refresh with a
@@ -15,7 +16,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from functions.adapters.kube_api import KubeApi, google_api_client
+from functions.kubernetes.api import KubeApi, google_api_client
 
 
 class _Server(BaseHTTPRequestHandler):
@@ -79,7 +80,7 @@ def test_every_request_carries_the_token_and_an_expired_one_is_refreshed_once(se
 
 
 def test_the_environment_picks_the_google_client(monkeypatch, server):
-    from functions.adapters import kube_api
+    from functions.kubernetes import api as kube_api
 
     monkeypatch.setenv("STASIS_K8S_HOST", server)
     seen = {}

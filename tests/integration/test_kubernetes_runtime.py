@@ -23,20 +23,35 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from events import SnapshotFinished, WorkspaceReady, WorkspaceRuntimeFailed
-from functions.adapters.kubernetes_runtime import KubernetesRuntime
 from functions.domain import admission
-from functions.domain import manifests as m
 from functions.domain.catalog import Catalog
+from functions.kubernetes.objects.kinds import PODSNAPSHOT_GROUP, PODSNAPSHOT_VERSION
+from functions.kubernetes.objects.meta import (
+    ANN_RESTORE_REQUEST,
+    ANN_SNAPSHOT_REQUEST,
+    LABEL_METHOD,
+    LABEL_WORKSPACE,
+    json_annotation,
+)
+from functions.kubernetes.objects.podsnapshot import (
+    PODSNAPSHOT_API,
+    POLICY_NAME,
+    PS_NAME_ANNOTATION,
+    storage_config_name,
+)
+from functions.kubernetes.objects.snapshot import snapshot_object_name
+from functions.kubernetes.objects.team import QUOTA_NAME, team_namespace_name
+from functions.kubernetes.objects.workspace import workspace_names
+from functions.kubernetes.workspaces import KubernetesRuntime
 from functions.ports import RuntimeRefused, RuntimeUnavailable, WorkspaceSpec
-from runtime.kubernetes.monitor import KubeCluster, Monitor
+from runtime.kubernetes.cluster import KubeCluster
+from runtime.kubernetes.monitor import Monitor
 from runtime.local.publisher import RecordingPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "examples/stasis.yaml").read_text())
 CATALOG = Catalog.from_config(CONFIG)
-SUBJECT = {"kind": "User", "name": "fn@example-project.iam.gserviceaccount.com",
-           "apiGroup": m.RBAC_API}
-GROUP, VERSION = m.PODSNAPSHOT_GROUP, m.PODSNAPSHOT_VERSION
+GROUP, VERSION = PODSNAPSHOT_GROUP, PODSNAPSHOT_VERSION
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
@@ -87,7 +102,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def runtime(cluster: EmulatedCluster, clock: Clock) -> KubernetesRuntime:
-    return KubernetesRuntime(cluster.api_client, catalog=lambda: CATALOG, subject=SUBJECT,
+    return KubernetesRuntime(cluster.api_client, catalog=lambda: CATALOG,
                              clock=clock, token_factory=lambda: "t0k3n")
 
 
@@ -142,14 +157,14 @@ def read(fn: Any, *args: Any) -> dict[str, Any] | None:
 
 
 def pod_of(cluster: EmulatedCluster, spec: WorkspaceSpec) -> dict[str, Any] | None:
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     return read(core(cluster).read_namespaced_pod, names.pod, names.namespace)
 
 
 def kubelet_ready(cluster: EmulatedCluster, spec: WorkspaceSpec, *,
                   restored_from: str | None = None) -> None:
     """Play the kubelet (and GKE's restore): the pod runs and is Ready."""
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     conditions = [{"type": "Ready", "status": "True"}]
     if restored_from:
         conditions.append({"type": "PodRestored", "status": "True",
@@ -163,18 +178,18 @@ def kubelet_ready(cluster: EmulatedCluster, spec: WorkspaceSpec, *,
 def gke_completes_snapshot(cluster: EmulatedCluster, spec: WorkspaceSpec,
                            snapshot_id: str) -> str:
     """Play GKE's Pod Snapshot controller: a PodSnapshot for the trigger, then Ready."""
-    names = m.workspace_names(spec.team, spec.workspace_id)
-    trigger_name = m.snapshot_object_name(snapshot_id)
+    names = workspace_names(spec.team, spec.workspace_id)
+    trigger_name = snapshot_object_name(snapshot_id)
     trigger = read(custom(cluster).get_namespaced_custom_object, GROUP, VERSION,
                    names.namespace, "podsnapshotmanualtriggers", trigger_name)
     assert trigger is not None and trigger["spec"] == {"targetPod": names.pod}
     ps_name = uuid.uuid4().hex
     custom(cluster).create_namespaced_custom_object(
         GROUP, VERSION, names.namespace, "podsnapshots",
-        {"apiVersion": m.PODSNAPSHOT_API, "kind": "PodSnapshot",
+        {"apiVersion": PODSNAPSHOT_API, "kind": "PodSnapshot",
          "metadata": {"name": ps_name, "namespace": names.namespace,
                       "labels": {"gke-pod-snapshot-triggered-by": trigger_name}},
-         "spec": {"policyName": m.POLICY_NAME}})
+         "spec": {"policyName": POLICY_NAME}})
     custom(cluster).patch_namespaced_custom_object_status(
         GROUP, VERSION, names.namespace, "podsnapshotmanualtriggers", trigger_name,
         {"status": {"conditions": [{"type": "Triggered", "status": "True",
@@ -196,7 +211,7 @@ def workspace_objects(cluster: EmulatedCluster, spec: WorkspaceSpec) -> dict[str
     """Every object in the team namespace that belongs to the workspace, by kind."""
     import json
 
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     ns = names.namespace
     api = core(cluster)
     found: dict[str, list[str]] = {}
@@ -210,14 +225,14 @@ def workspace_objects(cluster: EmulatedCluster, spec: WorkspaceSpec) -> dict[str
     for kind, fn in listings.items():
         items = json.loads(fn(ns, _preload_content=False).data).get("items") or []
         found[kind] = [i["metadata"]["name"] for i in items
-                       if (i["metadata"].get("labels") or {}).get(m.LABEL_WORKSPACE)
+                       if (i["metadata"].get("labels") or {}).get(LABEL_WORKSPACE)
                        == names.label]
     for plural in ("podsnapshotmanualtriggers", "podsnapshots"):
         items = json.loads(custom(cluster).list_namespaced_custom_object(
             GROUP, VERSION, ns, plural, _preload_content=False).data).get("items") or []
         # GKE labels PodSnapshots with their trigger only (each test has its own cluster).
         found[plural] = [i["metadata"]["name"] for i in items
-                         if (i["metadata"].get("labels") or {}).get(m.LABEL_WORKSPACE)
+                         if (i["metadata"].get("labels") or {}).get(LABEL_WORKSPACE)
                          == names.label
                          or (plural == "podsnapshots" and "gke-pod-snapshot-triggered-by"
                              in (i["metadata"].get("labels") or {}))]
@@ -231,7 +246,7 @@ def test_pod_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kubern
                                        monitor: Monitor, bus: RecordingPublisher,
                                        clock: Clock) -> None:
     spec = spec_for("gpu-nb", "gpu-small", requestid="req-provision")
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
 
     # provision: the team's namespace and Pod Snapshot objects, the workspace's objects.
     runtime.provision(spec)
@@ -241,12 +256,12 @@ def test_pod_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kubern
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert read(core(cluster).read_namespace, names.namespace) is not None
     assert read(custom(cluster).get_cluster_custom_object, GROUP, VERSION,
-                "podsnapshotstorageconfigs", m.storage_config_name("ml-a"))["spec"] == {
+                "podsnapshotstorageconfigs", storage_config_name("ml-a"))["spec"] == {
         "snapshotStorageConfig": {"gcs": {"bucket": "stasis-snapshots",
                                           "path": "snapshots/ml-a/pod"}}}
     assert read(custom(cluster).get_namespaced_custom_object, GROUP, VERSION,
-                names.namespace, "podsnapshotpolicies", m.POLICY_NAME) is not None
-    quota = read(core(cluster).read_namespaced_resource_quota, m.QUOTA_NAME, names.namespace)
+                names.namespace, "podsnapshotpolicies", POLICY_NAME) is not None
+    quota = read(core(cluster).read_namespaced_resource_quota, QUOTA_NAME, names.namespace)
     assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "4"
     assert monitor.sync() is True  # not Ready yet: nothing reported, come back soon
     assert bus.names() == []
@@ -256,7 +271,7 @@ def test_pod_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kubern
     ready = bus.wait_for("workspace.ready", timeout=1, workspace_id=spec.workspace_id)
     assert ready.requestid == "req-provision"
     assert ready.payload.url == (f"http://{names.service}.{names.namespace}"
-                                 ".svc.cluster.local:8888/")
+                                 f".svc.cluster.local:8888/w/{spec.workspace_id}/")
     original_spec = pod["spec"]
 
     # pause: a manual trigger; GKE's controller answers; the monitor reports.
@@ -285,7 +300,7 @@ def test_pod_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kubern
     runtime.restore(resume, "snap-1")
     restored = pod_of(cluster, spec)
     assert restored is not None
-    assert restored["metadata"]["annotations"][m.PS_NAME_ANNOTATION] == ps_name
+    assert restored["metadata"]["annotations"][PS_NAME_ANNOTATION] == ps_name
     assert restored["spec"] == original_spec
     runtime.restore(resume, "snap-1")  # a redelivered resume changes nothing
 
@@ -318,7 +333,7 @@ def test_a_cold_started_pod_is_a_failed_resume(cluster: EmulatedCluster,
     gke_completes_snapshot(cluster, spec, "snap-cold")
     runtime.release(spec.workspace_id)
     runtime.restore(spec_for("cold", "gpu-small", requestid="req-cold"), "snap-cold")
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     core(cluster).patch_namespaced_pod_status(names.pod, names.namespace, {"status": {
         "conditions": [{"type": "Ready", "status": "True"},
                        {"type": "PodRestored", "status": "False", "message": "spec mismatch"}]}},
@@ -349,10 +364,10 @@ def test_a_failed_pod_snapshot_is_reported(cluster: EmulatedCluster, runtime: Ku
     spec = spec_for("broken", "gpu-small")
     runtime.provision(spec)
     runtime.snapshot(spec_for("broken", "gpu-small", requestid="req-fail"), "snap-fail")
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     custom(cluster).patch_namespaced_custom_object_status(
         GROUP, VERSION, names.namespace, "podsnapshotmanualtriggers",
-        m.snapshot_object_name("snap-fail"),
+        snapshot_object_name("snap-fail"),
         {"status": {"conditions": [{"type": "Triggered", "status": "False", "reason": "Failed",
                                     "message": "checkpoint failed: out of memory",
                                     "lastTransitionTime": "2026-01-01T00:00:04Z"}]}})
@@ -372,39 +387,51 @@ def test_kernel_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kub
     spec = spec_for("cpu-nb", "cpu-small", requestid="req-provision")
     runtime.provision(spec)
     pod = pod_of(cluster, spec)
-    assert pod["metadata"]["labels"][m.LABEL_METHOD] == "kernel"
+    assert pod["metadata"]["labels"][LABEL_METHOD] == "kernel"
     assert "runtimeClassName" not in pod["spec"]
     kubelet_ready(cluster, spec)
     monitor.sync()
     bus.wait_for("workspace.ready", timeout=1, workspace_id=spec.workspace_id)
 
-    runtime.snapshot(spec_for("cpu-nb", "cpu-small", requestid="req-pause"), "snap-k")
-    request = m.json_annotation(pod_of(cluster, spec), m.ANN_SNAPSHOT_REQUEST)
+    runtime.snapshot(spec_for("cpu-nb", "cpu-small", requestid="req-pause"), "snap-k",
+                     base="snap-j", base_manifest_sha256="ab" * 32)
+    request = json_annotation(pod_of(cluster, spec), ANN_SNAPSHOT_REQUEST)
     assert request["snapshot_id"] == "snap-k"
     assert request["prefix"] == f"snapshots/ml-a/{spec.workspace_id}/snap-k"
     assert monitor.sync() is True  # the agent is still capturing
+    base = {"snapshot_id": "snap-j", "prefix": f"snapshots/ml-a/{spec.workspace_id}/snap-j",
+            "manifest_sha256": "ab" * 32}
     assert sidecars.posts[-1][1:] == ("/snapshots", {
         "snapshot_id": "snap-k", "bucket": "stasis-snapshots",
-        "prefix": f"snapshots/ml-a/{spec.workspace_id}/snap-k"})
+        "prefix": f"snapshots/ml-a/{spec.workspace_id}/snap-k", "base": base})
+    part = f"snapshots/ml-a/{spec.workspace_id}/_parts/{'cd' * 32}"
     sidecars.snapshot_job = {"state": "succeeded", "uri": "gs://stasis-snapshots/x",
                              "bytes": 268435456, "duration_ms": 3100, "captured": ["big"],
-                             "skipped": [{"name": "sock", "reason": "socket"}]}
+                             "skipped": [{"name": "sock", "reason": "socket"}],
+                             "manifest_sha256": "ef" * 32, "parts": {part: 268435456},
+                             "uploaded_bytes": 1024}
     monitor.sync()
     finished = bus.wait_for("snapshot.finished", timeout=1, snapshot_id="snap-k")
     assert finished.requestid == "req-pause"
     assert (finished.payload.method, finished.payload.bytes, finished.payload.captured) == (
         "kernel", 268435456, ["big"])
+    assert (finished.payload.manifest_sha256, finished.payload.parts,
+            finished.payload.uploaded_bytes) == ("ef" * 32, {part: 268435456}, 1024)
     assert len([p for p in sidecars.posts if p[1] == "/snapshots"]) == 1
 
     runtime.release(spec.workspace_id)
-    runtime.restore(spec_for("cpu-nb", "cpu-small", requestid="req-resume"), "snap-k")
+    runtime.restore(spec_for("cpu-nb", "cpu-small", requestid="req-resume"), "snap-k",
+                    manifest_sha256="ef" * 32)
     restored = pod_of(cluster, spec)
-    assert m.PS_NAME_ANNOTATION not in restored["metadata"]["annotations"]
-    assert m.json_annotation(restored, m.ANN_RESTORE_REQUEST)["snapshot_id"] == "snap-k"
+    assert PS_NAME_ANNOTATION not in restored["metadata"]["annotations"]
+    assert json_annotation(restored, ANN_RESTORE_REQUEST)["snapshot_id"] == "snap-k"
     clock.now += 2
     kubelet_ready(cluster, spec)
     assert monitor.sync() is True  # Ready, but the kernels are not restored yet
-    assert sidecars.posts[-1][1] == "/restore"
+    assert sidecars.posts[-1][1:] == ("/restore", {
+        "snapshot_id": "snap-k", "bucket": "stasis-snapshots",
+        "prefix": f"snapshots/ml-a/{spec.workspace_id}/snap-k",
+        "manifest_sha256": "ef" * 32, "device_arrays_to_cpu": False})
     assert "req-resume" not in [e.requestid for e in bus.events if e.name == "workspace.ready"]
     sidecars.restore_job = {"state": "succeeded", "kernels_restored": 3}
     monitor.sync()
@@ -417,7 +444,7 @@ def test_kernel_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kub
     assert idle.payload.last_activity == "2026-01-01T00:00:01+00:00"
     runtime.destroy(spec.workspace_id, keep_home=True)
     assert workspace_objects(cluster, spec) == {
-        "PersistentVolumeClaim": [m.workspace_names("ml-a", spec.workspace_id).pvc]}
+        "PersistentVolumeClaim": [workspace_names("ml-a", spec.workspace_id).pvc]}
     runtime.destroy(spec.workspace_id, keep_home=False)
 
 
@@ -462,15 +489,15 @@ def test_provision_is_idempotent_and_keeps_the_token(cluster: EmulatedCluster,
 def test_changed_quotas_are_applied_to_the_existing_quota(cluster: EmulatedCluster,
                                                           runtime: KubernetesRuntime) -> None:
     runtime.provision(spec_for("q1", "cpu-small", team="ml-b"))
-    ns = m.team_namespace_name("ml-b")
-    assert read(core(cluster).read_namespaced_resource_quota, m.QUOTA_NAME,
+    ns = team_namespace_name("ml-b")
+    assert read(core(cluster).read_namespaced_resource_quota, QUOTA_NAME,
                 ns)["spec"]["hard"]["pods"] == "4"
     config = yaml.safe_load((ROOT / "examples/stasis.yaml").read_text())
     config["teams"][1]["quotas"]["workspaces"] = 6
     bigger = Catalog.from_config(config)
     KubernetesRuntime(cluster.api_client, catalog=lambda: bigger).provision(
         spec_for("q2", "cpu-small", team="ml-b"))
-    assert read(core(cluster).read_namespaced_resource_quota, m.QUOTA_NAME,
+    assert read(core(cluster).read_namespaced_resource_quota, QUOTA_NAME,
                 ns)["spec"]["hard"]["pods"] == "6"
     for name in ("q1", "q2"):
         runtime.destroy(f"ml-b--{name}", keep_home=False)
@@ -480,7 +507,7 @@ def test_an_object_that_is_not_ours_is_refused(cluster: EmulatedCluster,
                                                runtime: KubernetesRuntime) -> None:
     spec = spec_for("squatted", "cpu-small")
     runtime.provision(spec_for("other", "cpu-small"))  # makes the namespace
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     core(cluster).create_namespaced_persistent_volume_claim(names.namespace, {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": names.pvc, "namespace": names.namespace},
@@ -509,7 +536,7 @@ def test_a_pod_that_cannot_start_is_reported(cluster: EmulatedCluster,
                                              bus: RecordingPublisher) -> None:
     spec = spec_for("badimage", "cpu-small", requestid="req-bad")
     runtime.provision(spec)
-    names = m.workspace_names(spec.team, spec.workspace_id)
+    names = workspace_names(spec.team, spec.workspace_id)
     core(cluster).patch_namespaced_pod_status(names.pod, names.namespace, {"status": {
         "containerStatuses": [{"name": "workspace", "state": {"waiting": {
             "reason": "ImagePullBackOff", "message": "manifest unknown"}}}]}},

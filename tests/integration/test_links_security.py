@@ -23,6 +23,7 @@ import pytest
 import requests
 from google.cloud import firestore, pubsub_v1
 from link_fakes import Clock, FakeExecution, FakeGateway, ticking
+from pubsub_support import pull, subscribe
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Response
@@ -34,7 +35,7 @@ from functions.adapters.pubsub_bus import PubSubBus
 from functions.domain.links import DEFAULT_POLICY, TOKEN_PREFIX, token_hash
 from functions.proxy.access import AccessProxy, wsgi
 from functions.proxy.issuer import LinkIssuer
-from stack import link_client
+from stasis_cli import link_client
 
 WS, OTHER = "ml-a--nb", "ml-b--other"
 
@@ -97,7 +98,7 @@ def served(emulator_env: dict[str, str]) -> Iterator[Served]:
     db = firestore.Client(project=project)
     _seed(db)
     store = FirestoreLinkStore(db)
-    bus = PubSubBus(project)
+    bus = PubSubBus(project, origin="links")
     clock = Clock()
     gateway = FakeGateway()
     holder: dict[str, str] = {}
@@ -120,30 +121,6 @@ def served(emulator_env: dict[str, str]) -> Iterator[Served]:
         server.shutdown()
         thread.join(timeout=10)
         proxy.close()
-
-
-def _subscribe(project: str, topic: str) -> str:
-    subscriber = pubsub_v1.SubscriberClient()
-    name = subscriber.subscription_path(project, f"t-{secrets.token_hex(5)}")
-    subscriber.create_subscription(request={"name": name,
-                                            "topic": f"projects/{project}/topics/{topic}"})
-    return name
-
-
-def _pull(subscription: str, want: int, timeout: float = 20) -> list[Any]:
-    subscriber = pubsub_v1.SubscriberClient()
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        response = subscriber.pull(request={"subscription": subscription, "max_messages": 10,
-                                            "return_immediately": True}, timeout=10)
-        got.extend(m.message for m in response.received_messages)
-        if response.received_messages:
-            subscriber.acknowledge(request={"subscription": subscription, "ack_ids": [
-                m.ack_id for m in response.received_messages]})
-        else:
-            time.sleep(0.1)
-    return got
 
 
 def _raw_get(base: str, path: str) -> int:
@@ -170,7 +147,7 @@ def _all_documents(db: firestore.Client) -> Iterator[tuple[str, dict[str, Any]]]
 
 # --- creation -------------------------------------------------------------------------------------
 def test_a_link_is_shown_once_stored_as_its_hash_published_and_audited(served: Served) -> None:
-    created = _subscribe(served.project, "stasis-link-created")
+    created = subscribe(served.project, "stasis-link-created")
     body = served.link(ttl="2h")
     token = body["token"]
     assert body["url"] == f"{served.url}/proxy/{WS}#{token}"
@@ -179,7 +156,7 @@ def test_a_link_is_shown_once_stored_as_its_hash_published_and_audited(served: S
     assert snap.exists and doc["link_id"] == body["link_id"] and doc["creator"] == "bob"
     assert doc["revoked_at"] is None and doc["scope"] == "exec"
     assert abs((doc["expires_at"] - served.clock()).total_seconds() - 7200) < 60
-    [message] = _pull(created, 1)
+    [message] = pull(created, 1)
     assert json.loads(message.data)["link_id"] == body["link_id"]
     assert token not in message.data.decode() and token_hash(token) not in message.data.decode()
     audit = [d for _, d in _all_documents(served.db) if d.get("action") == "link.created"]
@@ -272,6 +249,12 @@ def test_brute_force_is_rate_limited(served: Served) -> None:
     assert [r.status_code for r in statuses] == [401] * burst + [429] * 10
     assert int(statuses[-1].headers["Retry-After"]) >= 1
     assert statuses[-1].json()["error"] == "too_many_failures"
+    # The client, throttled with a good link, says so and exits 4 (worth a retry), not 3
+    # (the link refused): a chaos run's agent holding a revoked and a live link met this.
+    err = io.StringIO()
+    assert link_client.run(served.link()["url"], "print(1)", err=err) == \
+        link_client.EXIT_UNAVAILABLE
+    assert "too_many_failures" in err.getvalue() and "retry after" in err.getvalue()
 
 
 def test_each_link_is_rate_limited(served: Served) -> None:
@@ -347,7 +330,7 @@ def test_the_token_never_appears_in_logs_or_in_firestore(
         served: Served, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    events = _subscribe(served.project, "stasis-link-revoked")
+    events = subscribe(served.project, "stasis-link-revoked")
     # Every path a token takes: create, use, exec, REST, a denial, a leak, revocation.
     body = served.link()
     read = served.link(scope="read")
@@ -362,7 +345,7 @@ def test_the_token_never_appears_in_logs_or_in_firestore(
                     timeout=30)
     served.call(token)
     served.proxy.flush()
-    messages = _pull(events, 2)
+    messages = pull(events, 2)
     assert len(served.tokens) == 2
     logged = "\n".join(r.getMessage() + str(r.exc_info or "") for r in caplog.records)
     out, errors = capfd.readouterr()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from functions.routes import HTTP_FUNCTIONS
-from stack.cli_bundle import http_access, http_schedule
+from deploy.tfvars import deployment
+from functions.routes import HTTP_FUNCTIONS, SCHEDULER
 from stack.processes import free_ports
 from stack.scheduler import schedules
 
@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_jobs_are_the_ones_terraform_gets():
-    expected = {n: http_schedule(n) for n in HTTP_FUNCTIONS if http_access(n) == "scheduler"}
+    expected = {n: r.schedule for n, r in HTTP_FUNCTIONS.items() if r.exposure is SCHEDULER}
     assert schedules({}) == expected
-    assert {"reconcile", "idle_sweep", "janitor"} <= set(expected)
+    assert schedules({}) == {n: f["schedule"] for n, f in deployment().http_functions.items()
+                             if f["access"] == "scheduler" and f.get("schedule")}
+    assert {"reconcile", "idle_sweep", "janitor", "cost_rollup"} <= set(expected)
 
 
 def test_an_override_changes_or_disables_a_job_and_a_bad_one_is_refused():

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,17 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from werkzeug.serving import BaseWSGIServer, make_server
 
 import events
+from events import crashpoints
 from functions.adapters.local_runtime import LocalRuntime
+from functions.domain.lifecycle import Reason, State, decide
+from functions.domain.lifecycle import Workspace as Resuming
 from functions.ports import RuntimeRefused, WorkspaceSpec
 from runtime.local.agent import create_app
+from runtime.local.jupyter import wait_kernel_ready
 from runtime.local.node import RESTARTED_DURING_SNAPSHOT, NodeAgent
 from runtime.local.publisher import PubSubPublisher
-from runtime.local.servers import free_port
-from runtime.local.settings import HOST, AgentSettings
+from runtime.local.settings import HOST, AgentSettings, control_token
+from runtime.supervisor import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WS = "team--ws"
@@ -158,8 +163,13 @@ class Agent:
     def url(self) -> str:
         return self.settings.url
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The control plane's credential."""
+        return {"Authorization": f"Bearer {self.settings.control_token()}"}
+
     def get(self, path: str) -> requests.Response:
-        return requests.get(f"{self.url}{path}", timeout=30)
+        return requests.get(f"{self.url}{path}", headers=self.headers, timeout=30)
 
 
 def workspace_processes(data_dir: Path) -> list[psutil.Process]:
@@ -203,7 +213,7 @@ def agent_settings(tmp_path: Path, emulated: Emulated) -> AgentSettings:
 @pytest.fixture
 def agent(agent_settings: AgentSettings) -> Iterator[Agent]:
     """The agent in this process: a werkzeug server on a thread."""
-    node = NodeAgent(agent_settings, PubSubPublisher(agent_settings.project))
+    node = NodeAgent(agent_settings, PubSubPublisher(agent_settings.project, origin="node_agent"))
     node.start()
     server: BaseWSGIServer = make_server(
         HOST, agent_settings.port, create_app(agent_settings, agent=node), threaded=True
@@ -211,7 +221,8 @@ def agent(agent_settings: AgentSettings) -> Iterator[Agent]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield Agent(agent_settings, LocalRuntime(agent_settings.url))
+        yield Agent(agent_settings, LocalRuntime(agent_settings.url,
+                                                 token=agent_settings.control_token()))
     finally:
         node.wait_idle(60)
         for item in node.list():
@@ -280,9 +291,10 @@ class Workspace:
 
     def run(self, kernel_id: str, code: str, timeout: float = 120) -> dict[str, Any]:
         """Execute code in a kernel over its connection file; status, stdout, error."""
-        client = BlockingKernelClient(
-            connection_file=str(self.runtime_dir / f"kernel-{kernel_id}.json")
-        )
+        connection = self.runtime_dir / f"kernel-{kernel_id}.json"
+        # A kernel still importing misses the heartbeat check of ``wait_for_ready``.
+        wait_kernel_ready(connection, timeout=60)
+        client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
         client.start_channels()
         out: list[str] = []
@@ -296,7 +308,6 @@ class Workspace:
                 error.update(ename=content["ename"], evalue=content["evalue"])
 
         try:
-            client.wait_for_ready(timeout=60)
             reply = client.execute_interactive(code, timeout=timeout, output_hook=hook)
         finally:
             client.stop_channels()
@@ -348,6 +359,16 @@ def test_provision_ready_url_answers_with_the_token_only(agent: Agent, emulated:
     assert caps["runtime"] == "local" and "jupyterlab" in caps["ides"]
 
 
+def test_the_agents_own_probes_are_not_activity(agent: Agent, emulated: Emulated) -> None:
+    """jupyter-server counts API requests as activity; the agent's reads opt out, or every
+    idle sweep would make an idle workspace look active again."""
+    provision(agent, emulated, requestid="req-probe")
+    first = agent.runtime.activity(WS)
+    second = agent.runtime.activity(WS)  # would see the first probe's time as activity
+    assert first is not None and second is not None
+    assert second["last_activity"] == first["last_activity"]
+
+
 def test_kernel_state_survives_snapshot_release_restore(agent: Agent, emulated: Emulated) -> None:
     provision(agent, emulated)
     ws = Workspace.of(agent)
@@ -374,8 +395,10 @@ def test_kernel_state_survives_snapshot_release_restore(agent: Agent, emulated: 
     assert [s["name"] for s in payload.skipped] == ["lock"]
     assert payload.bytes >= arr_bytes(2_000_000) and payload.method == "kernel"
     names = emulated.objects(f"snapshots/team/{WS}/snap-1")
-    assert f"snapshots/team/{WS}/snap-1/manifest.json" in names
-    assert any(n.startswith(f"snapshots/team/{WS}/snap-1/{kernel}/") for n in names)
+    assert names == [f"snapshots/team/{WS}/snap-1/manifest.json"]
+    pool = set(emulated.objects(f"snapshots/team/{WS}/_parts/"))
+    assert set(payload.parts) == pool and payload.uploaded_bytes == payload.bytes
+    assert payload.manifest_sha256 is not None and len(payload.manifest_sha256) == 64
     assert agent.runtime.status(WS).running  # type: ignore[union-attr]
 
     agent.runtime.release(WS)
@@ -386,7 +409,8 @@ def test_kernel_state_survives_snapshot_release_restore(agent: Agent, emulated: 
     assert agent.settings.home(WS).is_dir()
 
     began = time.monotonic()
-    agent.runtime.restore(replace(spec, requestid="req-resume"), "snap-1")
+    anchor = payload.manifest_sha256
+    agent.runtime.restore(replace(spec, requestid="req-resume"), "snap-1", manifest_sha256=anchor)
     ready = emulated.events.wait_for("workspace.ready", kernels_restored=1)
     print(
         f"restore (server start + kernel + state): {time.monotonic() - began:.2f}s, "
@@ -406,6 +430,15 @@ def test_kernel_state_survives_snapshot_release_restore(agent: Agent, emulated: 
     agent.runtime.restore(replace(spec, requestid="req-resume"), "snap-1")
     again = emulated.events.wait_for("workspace.ready", kernels_restored=1)
     assert again.payload.url == ready.payload.url
+
+    # Paused again with snap-1 as its base: only what changed is sent.
+    ws.run(new_kernel, "x = 43")
+    agent.runtime.snapshot(replace(spec, requestid="req-pause-2"), "snap-2", base="snap-1",
+                           base_manifest_sha256=anchor)
+    second = emulated.events.wait_for("snapshot.finished", snapshot_id="snap-2").payload
+    assert second.succeeded, second.error
+    assert second.uploaded_bytes < 64 * 1024 < second.bytes  # the pickle stream, not arr
+    assert len(set(second.parts) - pool) == 1
 
 
 def test_restore_of_a_missing_snapshot_fails_and_leaves_nothing(
@@ -465,7 +498,8 @@ def test_gpu_profile_and_vscode_refused(agent: Agent, emulated: Emulated) -> Non
         agent.runtime.provision(spec_for(emulated, "req-gpu", profile=gpu))
     assert str(refused.value).startswith("profile gpu-small needs 1 x nvidia-l4; this host has ")
     response = requests.put(
-        f"{agent.url}/workspaces/{WS}", timeout=10, json={**_spec_json(emulated), "profile": gpu}
+        f"{agent.url}/workspaces/{WS}", timeout=10, headers=agent.headers,
+        json={**_spec_json(emulated), "profile": gpu}
     )
     assert response.status_code == 409
     if "vscode" not in caps["ides"]:
@@ -506,6 +540,116 @@ def test_destroy_with_and_without_keep_home(agent: Agent, emulated: Emulated) ->
     wait_no_processes(agent.settings.data_dir, timeout=1)
     assert not home.exists()
     agent.runtime.destroy(WS, keep_home=False)  # idempotent
+
+
+def _wheel(directory: Path, name: str = "stasis_probe_pkg") -> Path:
+    """A one-module wheel, built here (no index, no network)."""
+    import zipfile
+
+    dist = f"{name}-1.0.dist-info"
+    files = {f"{name}/__init__.py": "VALUE = 'installed by the researcher'\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{dist}/RECORD"])
+    path = directory / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for member, text in files.items():
+            wheel.writestr(member, text)
+    return path
+
+
+IMPORT_PROBE = "import stasis_probe_pkg as p\nprint(p.VALUE, p.__file__)"
+
+
+def test_pip_install_lands_in_the_home_and_stays(
+    agent: Agent, emulated: Emulated, tmp_path: Path
+) -> None:
+    """``%pip install`` in a notebook installs into the workspace's home venv: importable
+    after pause/resume and after a resume on another profile, invisible to another
+    workspace and to the agent's own interpreter."""
+    wheel = _wheel(tmp_path)
+    provision(agent, emulated)
+    ws = Workspace.of(agent)
+    kernel = ws.open_notebook("install.ipynb")
+    installed = ws.run(kernel, f"%pip install --no-index --no-deps {wheel}\n", timeout=180)
+    assert installed["status"] == "ok", installed
+    home = agent.settings.home(WS)
+    seen = ws.run(kernel, IMPORT_PROBE)
+    assert seen["stdout"].split()[-1].startswith(str(home / ".venv")), seen
+    # The agent's own interpreter (shared with every workspace) did not change.
+    assert subprocess.run([sys.executable, "-c", "import stasis_probe_pkg"],
+                          capture_output=True).returncode != 0
+
+    # Pause and resume: a fresh kernel imports it.
+    spec = spec_for(emulated, "req-pause-pkg")
+    agent.runtime.snapshot(spec, "snap-pkg")
+    anchor = emulated.events.wait_for("snapshot.finished", snapshot_id="snap-pkg").payload
+    assert anchor.succeeded, anchor.error
+    agent.runtime.release(WS)
+    agent.runtime.restore(replace(spec, requestid="req-resume-pkg"), "snap-pkg",
+                          manifest_sha256=anchor.manifest_sha256)
+    emulated.events.wait_for("workspace.ready", kernels_restored=1)
+    ws = Workspace.of(agent)
+    after = ws.run(ws.open_notebook("after-resume.ipynb"), IMPORT_PROBE)
+    assert after["stdout"].startswith("installed by the researcher"), after
+
+    # Resume on another hardware profile (same home, another server).
+    agent.runtime.release(WS)
+    other = {**CPU_SMALL, "id": "cpu-other", "memory": "3Gi", "memory_bytes": 3 * 2**30}
+    agent.runtime.restore(replace(spec, requestid="req-resume-other", profile=other),
+                          "snap-pkg", manifest_sha256=anchor.manifest_sha256)
+    emulated.events.wait_for("workspace.ready", kernels_restored=1)
+    ws = Workspace.of(agent)
+    moved = ws.run(ws.open_notebook("after-move.ipynb"), IMPORT_PROBE)
+    assert moved["stdout"].startswith("installed by the researcher"), moved
+
+    # Another workspace of the same team does not see it.
+    neighbour = "team--other"
+    provision(agent, emulated, requestid="req-neighbour", workspace_id=neighbour, name="other",
+              snapshot_prefix=f"snapshots/team/{neighbour}")
+    theirs = Workspace.of(agent, neighbour)
+    unseen = theirs.run(theirs.open_notebook("probe.ipynb"), IMPORT_PROBE)
+    assert unseen.get("ename") == "ModuleNotFoundError", unseen
+    agent.runtime.destroy(neighbour, keep_home=False)
+
+
+def test_a_kernel_cannot_drive_the_node_agent(
+    agent: Agent, emulated: Emulated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a workspace's kernel: the agent's credential is not in its environment, and
+    every call the kernel makes without it (list, restore, delete) is refused."""
+    monkeypatch.setenv("STASIS_NODE_AGENT_TOKEN", agent.settings.control_token())
+    provision(agent, emulated)
+    ws = Workspace.of(agent)
+    kernel = ws.open_notebook("probe.ipynb")
+    probe = f"""
+import json, os, urllib.request, urllib.error
+print("token-in-env", any(agent_token in v for v in os.environ.values()))
+def call(method, path, body=None):
+    request = urllib.request.Request("{agent.url}" + path, method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={{"Content-Type": "application/json"}})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+for method, path, body in [("GET", "/workspaces", None), ("GET", "/workspaces/{WS}", None),
+        ("POST", "/workspaces/{WS}/restore", {{"snapshot_id": "s1", "bucket": "b",
+                                              "prefix": "p", "spec": {{}}}}),
+        ("DELETE", "/workspaces/{WS}", None)]:
+    status, text = call(method, path, body)
+    print(method, status, "{ws.token}" in text)
+"""
+    result = ws.run(kernel, f"agent_token = {agent.settings.control_token()!r}\n" + probe)
+    assert result["status"] == "ok", result
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "token-in-env False", result
+    assert lines[1:] == ["GET 401 False", "GET 401 False", "POST 401 False",
+                         "DELETE 401 False"], result
+    assert agent.runtime.status(WS).running  # type: ignore[union-attr]
+    assert agent.settings.home(WS).is_dir()
 
 
 FAKE_CODE_SERVER = """#!{python}
@@ -568,20 +712,12 @@ def test_agent_killed_mid_snapshot(tmp_path: Path, emulated: Emulated) -> None:
     data_dir = tmp_path / "stasis"
     port = free_port()
     url = f"http://{HOST}:{port}"
-    runtime = LocalRuntime(url)
+    runtime = LocalRuntime(url, token=control_token(data_dir))
     first = start_agent_process(data_dir, port, emulated, tmp_path / "agent-1.log")
     second: subprocess.Popen[bytes] | None = None
     try:
-        runtime.provision(spec_for(emulated, "req-p"))
-        emulated.events.wait_for("workspace.ready")
-        status = runtime.status(WS)
-        assert status is not None
+        status, ws = provisioned(runtime, emulated, data_dir)
         server_pid = status.detail["pid"]
-        ws = Workspace(
-            status.url.removesuffix("/lab"),
-            status.token,  # type: ignore[union-attr]
-            data_dir / "run" / WS,
-        )
         kernel = ws.open_notebook("slow.ipynb")
         # Pickling `slow` takes 4 s, so the capture is still running when the agent dies,
         # and its parts are uploaded only after that.
@@ -618,16 +754,132 @@ def test_agent_killed_mid_snapshot(tmp_path: Path, emulated: Emulated) -> None:
         runtime.destroy(WS, keep_home=False)
         wait_no_processes(data_dir, timeout=1)
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(20)
-        for proc in workspace_processes(data_dir):
-            os.killpg(proc.pid, signal.SIGKILL)
-        wait_no_processes(data_dir)
+        stop_agents(data_dir, first, second)
+
+
+def test_a_report_the_agent_died_before_sending_is_sent_by_its_next_start(
+        tmp_path: Path, emulated: Emulated) -> None:
+    """Found by the chaos harness: the agent saved a provision's end, then died before it
+    published workspace.ready; the restarted agent adopted the live server with no
+    operation and said nothing, so the workspace waited in PROVISIONING for the
+    reconciler. The report is now saved with the end and sent by the next start."""
+    data_dir = tmp_path / "stasis"
+    port = free_port()
+    runtime = LocalRuntime(f"http://{HOST}:{port}", token=control_token(data_dir))
+    crash_dir = tmp_path / "crash"
+    crashpoints.arm(crash_dir, "agent.operation_ended")
+    emulated.env[crashpoints.ENV] = str(crash_dir)
+    first = start_agent_process(data_dir, port, emulated, tmp_path / "agent-1.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        runtime.provision(spec_for(emulated, "req-crash"))
+        assert first.wait(120) == -signal.SIGKILL  # it died at the crash point
+        assert crashpoints.fired(crash_dir) == ["agent.operation_ended"]
+        state = json.loads((data_dir / "agent" / "state.json").read_text())
+        assert state["workspaces"][WS]["operation"] is None
+        assert len(state["workspaces"][WS]["unsent"]) == 1
+        with pytest.raises(AssertionError, match=r"no workspace\.ready"):
+            emulated.events.wait_for("workspace.ready", timeout=1)
+
+        second = start_agent_process(data_dir, port, emulated, tmp_path / "agent-2.log")
+        ready = emulated.events.wait_for("workspace.ready")
+        assert ready.requestid == "req-crash" and ready.subject == WS
+        wait_until(lambda: not json.loads((data_dir / "agent" / "state.json").read_text())
+                   ["workspaces"][WS]["unsent"], 30, "the report to be marked sent")
+        runtime.destroy(WS, keep_home=False)
+    finally:
+        emulated.env.pop(crashpoints.ENV, None)
+        stop_agents(data_dir, first, second)
+
+
+def test_a_resume_the_agent_restart_cut_short_leaves_the_workspace_paused(
+        tmp_path: Path, emulated: Emulated) -> None:
+    """Found by the chaos harness: the agent died in a restore (its server up, the kernels
+    not yet restored); the restarted agent reported a plain resume failure and the
+    workspace went FAILED. It now says the resume was interrupted, which the lifecycle
+    decides as PAUSED with the snapshot kept, and a retried restore brings the state back.
+    Found with it: the restarted agent cleared the operation before it published, so when
+    it was killed again in between, nothing was ever reported and the workspace waited in
+    RESUMING for the reconciler; the report is now saved with the operation's end."""
+    data_dir = tmp_path / "stasis"
+    port = free_port()
+    runtime = LocalRuntime(f"http://{HOST}:{port}", token=control_token(data_dir))
+    crash_dir = tmp_path / "crash"
+    emulated.env[crashpoints.ENV] = str(crash_dir)
+    first = start_agent_process(data_dir, port, emulated, tmp_path / "agent-1.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _, ws = provisioned(runtime, emulated, data_dir)
+        assert ws.run(ws.open_notebook("a.ipynb"), "x = 41 + 1")["status"] == "ok"
+        runtime.snapshot(spec_for(emulated, "req-s"), "snap-r")
+        finished = emulated.events.wait_for("snapshot.finished", snapshot_id="snap-r")
+        assert finished.payload.succeeded, finished.payload.error
+        runtime.release(WS)
+
+        crashpoints.arm(crash_dir, "restore.server_started")
+        runtime.restore(spec_for(emulated, "req-r"), "snap-r",
+                        manifest_sha256=finished.payload.manifest_sha256)
+        assert first.wait(120) == -signal.SIGKILL  # it died in the restore
+        crashpoints.arm(crash_dir, "agent.operation_ended")
+        second = start_agent_process(data_dir, port, emulated, tmp_path / "agent-2.log")
+        assert second.wait(120) == -signal.SIGKILL  # killed again, its report saved unsent
+        with pytest.raises(AssertionError, match=r"no workspace\.runtime_failed"):
+            emulated.events.wait_for("workspace.runtime_failed", timeout=1)
+        second = start_agent_process(data_dir, port, emulated, tmp_path / "agent-3.log")
+        failed = emulated.events.wait_for("workspace.runtime_failed")
+        assert (failed.requestid, failed.payload.operation, failed.payload.cause) == (
+            "req-r", "resume", "interrupted")
+        resuming = Resuming(id=WS, team="team", owner="dev", name=WS.split("--")[1],
+                            profile="cpu-small", state=State.RESUMING, current_snapshot="snap-r")
+        decision = decide(resuming, failed.payload, datetime.now(UTC))
+        assert decision.workspace is not None
+        assert (decision.workspace.state, decision.reason) == (
+            State.PAUSED, Reason.RESUME_INTERRUPTED)
+        assert decision.workspace.current_snapshot == "snap-r"
+        wait_until(lambda: not getattr(runtime.status(WS), "running", False), 60,
+                   "the half-restored server to be stopped")
+        assert emulated.objects(f"snapshots/team/{WS}/snap-r")  # the snapshot is kept
+
+        runtime.restore(spec_for(emulated, "req-r2"), "snap-r",
+                        manifest_sha256=finished.payload.manifest_sha256)
+        emulated.events.wait_for("workspace.ready", kernels_restored=1)
+        status = runtime.status(WS)
+        assert status is not None
+        ws = Workspace(status.url.removesuffix("/lab"), status.token,  # type: ignore[arg-type]
+                       data_dir / "run" / WS)
+        kernel = ws.api("GET", "/api/sessions")[0]["kernel"]["id"]
+        assert ws.run(kernel, "print(x)")["stdout"].strip() == "42"
+        runtime.destroy(WS, keep_home=False)
+    finally:
+        emulated.env.pop(crashpoints.ENV, None)
+        stop_agents(data_dir, first, second)
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def provisioned(runtime: LocalRuntime, emulated: Emulated,
+                data_dir: Path) -> tuple[Any, Workspace]:
+    """Provision WS through ``runtime`` (an agent process), wait for workspace.ready: its
+    status and the workspace's Jupyter server."""
+    runtime.provision(spec_for(emulated, "req-p"))
+    emulated.events.wait_for("workspace.ready")
+    status = runtime.status(WS)
+    assert status is not None
+    return status, Workspace(status.url.removesuffix("/lab"),
+                             status.token,  # type: ignore[arg-type]
+                             data_dir / "run" / WS)
+
+
+def stop_agents(data_dir: Path, *agents: subprocess.Popen[bytes] | None) -> None:
+    """Stop the agents still running, then every workspace process they left behind."""
+    for proc in agents:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+    for proc in workspace_processes(data_dir):
+        os.killpg(proc.pid, signal.SIGKILL)
+    wait_no_processes(data_dir)
 
 
 def start_agent_process(
@@ -692,3 +944,70 @@ def _spec_json(emulated: Emulated) -> dict[str, Any]:
 
 def arr_bytes(n: int) -> int:
     return n * 8
+
+
+# -- the warm pool --------------------------------------------------------------------------
+
+
+def _warm_pids(agent: Agent, timeout: float = 120.0) -> set[int]:
+    """The warm servers waiting (their pids), once the pool has filled."""
+    marker = "STASIS_WARM_INSTANCE"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pools = agent.get("/pools").json()["environments"]
+        if pools and all(p["waiting"] == p["size"] for p in pools.values()):
+            break
+        time.sleep(0.2)
+    found = set()
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            # Waiting ones sit in the pool's log dir; an adopted one moved to its home.
+            if proc.cwd() == str(agent.settings.data_dir / "logs" / "warm") and \
+                    marker in proc.environ() and _alive(proc.pid):
+                found.add(proc.pid)
+    return found
+
+
+def test_a_warm_server_is_adopted_with_the_workspaces_home_token_and_limits(
+    agent: Agent, emulated: Emulated
+) -> None:
+    """The pool's process has served nobody (no port, no workspace in its environment);
+    adopted, it is the workspace's server as a cold start would be (base path, token only,
+    home, runtime dir, limits of the profile), and the pool fills again with a new one."""
+    bad = requests.put(f"{agent.url}/pools", timeout=10, headers=agent.headers,
+                       json={"environments": [{"id": "python-3-11", "warm_pool": -1}]})
+    assert bad.status_code == 400 and "warm_pool" in bad.json()["error"]
+    answer = requests.put(f"{agent.url}/pools", timeout=10, headers=agent.headers,
+                          json={"environments": [
+        {"id": "python-3-11", "python": "default", "warm_pool": 1}]})
+    assert answer.status_code == 200, answer.text
+    (warm,) = _warm_pids(agent)
+    proc = psutil.Process(warm)
+    assert proc.net_connections(kind="inet") == []  # listens nowhere: served nobody
+    assert "STASIS_WORKSPACE_ID" not in proc.environ() and "JUPYTER_TOKEN" not in proc.environ()
+
+    profile = {"id": "cpu-tiny", "cpu": 1, "memory": "1Gi"}
+    ready = provision(agent, emulated, profile=profile,
+                      environment={"id": "python-3-11", "python": "default", "warm_pool": 1})
+    assert ready.payload.runtime_handle == f"local:{warm}"  # adopted, not started cold
+    assert agent.get("/pools").json()["adopted"] == 1
+    status = agent.runtime.status(WS)
+    assert status is not None and status.token
+    base = ready.payload.url.removesuffix("/lab")
+    assert base.endswith(f"/w/{WS}")
+    assert requests.get(f"{base}/api/status", timeout=10).status_code == 403
+    ws = Workspace.of(agent)
+    kernel = ws.open_notebook("warm.ipynb")
+    seen = ws.run(kernel, "import os, resource\nprint(os.getcwd(), os.environ['HOME'], "
+                          "os.environ['JUPYTER_RUNTIME_DIR'], "
+                          "resource.getrlimit(resource.RLIMIT_DATA)[0], "
+                          "len(os.sched_getaffinity(0)))")
+    home = agent.settings.home(WS)
+    assert seen["stdout"].split() == [str(home), str(home), str(ws.runtime_dir), str(2**30), "1"]
+    assert proc.rlimit(psutil.RLIMIT_DATA) == (2**30, 2**30) and len(proc.cpu_affinity()) == 1
+
+    (refilled,) = _warm_pids(agent)
+    assert refilled != warm
+    agent.runtime.release(WS)
+    assert not _alive(warm)
+    assert _alive(refilled)  # a release stops the workspace's server, not the pool

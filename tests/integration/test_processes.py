@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runtime.supervisor import group_members
 from stack.processes import (
     RunningService,
     ServiceAlreadyRunning,
@@ -31,7 +32,6 @@ from stack.processes import (
     firestore_spec,
     free_ports,
     gcs_spec,
-    group_members,
     load_all,
     pubsub_spec,
     start,
@@ -368,9 +368,19 @@ def test_emulator_env_isolates_each_test_by_project(
     assert doc.get().to_dict() == {"attempt": attempt}
 
 
-def test_fixtures_start_lazily_and_mark_tiers(pytester: pytest.Pytester):
+def _with_our_conftest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/conftest.py in the pytester dir, its helper modules (tests/*.py, such as
+    index_guard) importable beside it as they are in tests/."""
+    tests = Path(__file__).parents[1]
+    pytester.makeconftest((tests / "conftest.py").read_text())
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(tests), os.environ.get("PYTHONPATH")) if p))
+
+
+def test_fixtures_start_lazily_and_mark_tiers(pytester: pytest.Pytester,
+                                              monkeypatch: pytest.MonkeyPatch):
     """A session that asks only for GCS starts no JVM; tiers come from directories."""
-    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    _with_our_conftest(pytester, monkeypatch)
     pytester.makeini(
         "[pytest]\naddopts = --strict-markers\n"
         "markers =\n    unit: u\n    integration: i\n    e2e: e\n"
@@ -398,7 +408,7 @@ def test_fixtures_start_lazily_and_mark_tiers(pytester: pytest.Pytester):
 def test_containers_requested_without_support_fails_loudly(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ):
-    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    _with_our_conftest(pytester, monkeypatch)
     pytester.makepyfile("def test_uses_gcs(gcs_emulator):\n    pass\n")
     monkeypatch.setenv("STASIS_TEST_CONTAINERS", "1")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

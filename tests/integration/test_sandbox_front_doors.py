@@ -56,8 +56,8 @@ from functions.proxy.access import AccessProxy, wsgi
 from functions.proxy.issuer import LinkIssuer
 from runtime.local.publisher import RecordingPublisher
 from runtime.local.sandboxes import SandboxRunner, register_sandboxes
-from runtime.local.servers import free_port
 from runtime.local.settings import AgentSettings
+from runtime.supervisor import free_port
 from stack import slack_sink
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +115,8 @@ class _Push(RecordingPublisher):
         super().publish(event)
         consumers: list[tuple[Any, str]] = {
             "sandbox.requested": [(handler.handle, "on_sandbox_requested")],
-            "sandbox.finished": [(handler.handle, "on_sandbox_finished"),
-                                 (self._notify, "notify_chat_sandbox")],
+            "sandbox.finished": [(handler.handle, "on_sandbox_finished")],
+            "sandbox.state_changed": [(self._notify, "notify_chat_sandbox")],
             "sandbox.suspended": [(handler.handle, "on_sandbox_suspended")],
             "sandbox.resume_requested": [(handler.handle, "on_sandbox_resume_requested")],
         }.get(event.name, [])
@@ -126,7 +126,9 @@ class _Push(RecordingPublisher):
         return event.id
 
     def _notify(self, event: Event[Any], deps: Deps, consumer: str) -> None:
-        self.notified.append(notify.handle_sandbox(event, deps, consumer))
+        told = notify.handle_sandbox(event, deps, consumer)
+        if told is not None:  # None: a change nobody is told about (not an end)
+            self.notified.append(told)
 
     def _deliver(self, consume: Any, event: Event[Any], consumer: str) -> None:
         try:
@@ -214,7 +216,8 @@ def plane(emulator_env: dict[str, str], gcs_emulator: Any, tmp_path: Path) -> It
                 dead_letters=None,  # type: ignore[arg-type]
                 chat=chat,
                 sandboxes=SandboxDeps(FirestoreSandboxStore(db),
-                                      LocalSandboxRuntime(settings.url)))
+                                      LocalSandboxRuntime(settings.url,
+                                                          token=settings.control_token())))
     bus.deps = deps
 
     links = FirestoreLinkStore(db)
@@ -225,7 +228,7 @@ def plane(emulator_env: dict[str, str], gcs_emulator: Any, tmp_path: Path) -> It
                         clock=lambda: datetime.now(UTC), on_exposed=issuer.revoke_exposed,
                         sandboxes=FirestoreSandboxResults(db, lambda: gcs))
     issuer.revoked_listeners.append(proxy.auth.forget)
-    chat_app = ChatFunction(SlackSettings(SECRET, TOKEN, f"{sink}/api/"),
+    chat_app = ChatFunction(SlackSettings(SECRET, TOKEN, f"{sink}/api/", team_id="T0"),
                             lambda req: answer(req, chat))
 
     def slash(environ: dict[str, Any], start_response: Any) -> Any:
@@ -432,7 +435,7 @@ def test_stasis_link_sandbox_needs_nothing_but_the_link(plane: Plane, repo: Path
                                                        tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from stack.cli import main
+    from stasis_cli.main import main
 
     link = _link(plane, "sandbox")
     runner = CliRunner()

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -48,8 +49,8 @@ from runtime.local.sandboxes import (
     candidate_roots,
     register_sandboxes,
 )
-from runtime.local.servers import free_port
 from runtime.local.settings import AgentSettings
+from runtime.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {
@@ -337,21 +338,74 @@ def test_without_allowed_network_the_host_loopback_is_out_of_reach(
     assert "does not filter by destination" in opened.network
 
 
-def test_when_isolation_is_not_enforced_the_result_says_so(
-        env: Env, repo: Path, tmp_path: Path) -> None:
-    from runtime.local.sandboxes import Isolation
+def _probe_without(capabilities: str, tmp_path: Path) -> Any:
+    """The real isolation probe, run without ``capabilities`` (setpriv drops them from the
+    bounding set): the namespace or the user drop really fails, as on a locked-down host."""
+    from runtime.local.sandboxes import detect_isolation
 
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to take a capability away")
+    wrapper = tmp_path / f"python-without-{capabilities.replace(',', '-')}"
+    drop = ",".join(f"-{c}" for c in capabilities.split(","))
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --inh-caps={drop} --bounding-set={drop} "
+                       f"{sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return detect_isolation(str(wrapper))
+
+
+def _runner_with(isolation: Any, env: Env, tmp_path: Path, root: Path,
+                 **environ: str) -> SandboxRunner:
+    return SandboxRunner(
+        AgentSettings(data_dir=tmp_path / "d", project=env.project), RecordingPublisher(),
+        root=root, environ={**env.environ, **environ}, isolation=isolation)
+
+
+def test_a_sandbox_whose_network_namespace_fails_is_refused(
+        env: Env, repo: Path, tmp_path: Path) -> None:
+    """unshare fails (no CAP_SYS_ADMIN): refused with the reason, nothing run, unless the
+    node's admin allows unisolated sandboxes; then the result says NOT ENFORCED."""
+    from runtime.local.node import Refused
+
+    isolation = _probe_without("sys_admin", tmp_path)
+    assert not isolation.network and isolation.separate_users  # probed separately
     root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
     try:
-        runner = SandboxRunner(
-            AgentSettings(data_dir=tmp_path / "d", project=env.project), RecordingPublisher(),
-            root=root, environ=env.environ,
-            isolation=Isolation(False, False, "unshare: Operation not permitted"))
-        result = run(runner, env, repo, "true")
+        runner = _runner_with(isolation, env, tmp_path, root)
+        with pytest.raises(Refused) as refused:
+            run(runner, env, repo, "touch ran.txt")
+        assert "network isolation could not be verified" in str(refused.value)
+        assert "unshare (new network namespace): Operation not permitted" in str(refused.value)
+        assert list(root.iterdir()) == []  # nothing started, nothing written
+
+        allowed = _runner_with(isolation, env, tmp_path, root,
+                               STASIS_SANDBOX_ALLOW_UNISOLATED="1")
+        result = run(allowed, env, repo, "true")
         assert result.succeeded
-        assert result.network.startswith("NOT ENFORCED on this host (unshare: Operation not "
-                                         "permitted)")
-        runner.wait_idle(30)
+        assert result.network.startswith("NOT ENFORCED on this host (unshare (new network "
+                                         "namespace): Operation not permitted")
+        allowed.wait_idle(30)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_sandbox_whose_user_drop_fails_is_refused_even_when_allowed(
+        env: Env, repo: Path, tmp_path: Path) -> None:
+    """setuid fails (no CAP_SETUID): a root agent's task would run as root, so it is
+    refused, whatever the admin allowed; the network namespace alone still worked."""
+    from runtime.local.node import Refused
+
+    isolation = _probe_without("setuid,setgid", tmp_path)
+    assert isolation.network and not isolation.separate_users
+    assert "Operation not permitted" in isolation.users_detail
+    root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
+    try:
+        for environ in ({}, {"STASIS_SANDBOX_ALLOW_UNISOLATED": "1"}):
+            runner = _runner_with(isolation, env, tmp_path, root, **environ)
+            with pytest.raises(Refused) as refused:
+                run(runner, env, repo, "touch ran.txt")
+            assert "own user could not be verified" in str(refused.value)
+            assert "a task never runs as root" in str(refused.value)
+        assert list(root.iterdir()) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -629,18 +683,18 @@ class _PushPublisher(RecordingPublisher):
 
     def publish(self, event: Event[Any]) -> str:
         super().publish(event)
-        [consumer] = [r.function for r in ROUTES.values()
-                      if r.event == event.name and r.handler is handler.handle]
-
-        def deliver() -> None:
-            try:
-                assert self.deps is not None
-                handler.handle(event, self.deps, consumer)
-            except BaseException as exc:
-                self.errors.append(exc)
-
-        threading.Thread(target=deliver, daemon=True).start()
+        # sandbox.state_changed has no consumer here (the chat notifiers): only recorded
+        for consumer in [r.function for r in ROUTES.values()
+                         if r.event == event.name and r.handler is handler.handle]:
+            threading.Thread(target=self._deliver, args=(event, consumer), daemon=True).start()
         return event.id
+
+    def _deliver(self, event: Event[Any], consumer: str) -> None:
+        try:
+            assert self.deps is not None
+            handler.handle(event, self.deps, consumer)
+        except BaseException as exc:
+            self.errors.append(exc)
 
 
 @pytest.fixture
@@ -664,7 +718,8 @@ def control_plane(env: Env, tmp_path: Path) -> Iterator[ControlPlane]:
                 clock=lambda: datetime.now(UTC), snapshot_bucket=env.bucket,
                 dead_letters=None,  # type: ignore[arg-type]
                 sandboxes=SandboxDeps(FirestoreSandboxStore(db),
-                                      LocalSandboxRuntime(settings.url)))
+                                      LocalSandboxRuntime(settings.url,
+                                                          token=settings.control_token())))
     publisher.deps = deps
     try:
         yield ControlPlane(deps, db, runner, publisher.errors)

@@ -6,7 +6,7 @@ activity signals come from a table the test controls. Events published on the bu
 delivered in-process to the handlers ``functions/routes.py`` names, after a round trip
 through their Pub/Sub form, as the push subscriptions deliver them. Every Firestore request
 of the code under test goes through one client whose reads and writes are counted at the
-RPC level (``stack.metering``).
+RPC level (``harness.metering``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from google.cloud import firestore
 
 from events import (
     Event,
+    SnapshotExpired,
+    SnapshotFinished,
     WorkspaceDeleteRequested,
     WorkspacePauseRequested,
     WorkspaceRequested,
@@ -41,8 +43,8 @@ from functions.domain.lifecycle import State, Workspace
 from functions.handlers import cost, idle, janitor
 from functions.handlers.deps import Deps
 from functions.routes import ROUTES
+from harness.metering import FirestoreMeter
 from stack import admin, topology
-from stack.metering import FirestoreMeter
 from stack.settings import Settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "stasis.yaml"
@@ -86,6 +88,7 @@ class Harness:
     runtime: NullRuntime
     activity: dict[str, dict[str, Any]]
     now: datetime
+    bases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def tick(self, **delta: float) -> datetime:
         self.now += timedelta(**delta)
@@ -386,7 +389,8 @@ def test_orphans_seeded_both_ways_are_all_found_and_fixed(h: Harness) -> None:
     assert sorted(r["snapshot_id"] for r in report["orphan_records"]) == sorted(no_objects)
     assert [p["workspace_id"] for p in report["orphan_processes"]] == ["ml-a--nobody"]
     # The deleted workspace's record is also retention's (workspace_deleted): both agree.
-    assert report["done"] == {"expiry_events": 0, "objects_deleted": 0, "released": 0}
+    assert report["done"] == {"expiry_events": 0, "objects_deleted": 0, "parts_deleted": 0,
+                              "released": 0}
 
     report = _janitor(h, "fix")
     assert report["done"]["objects_deleted"] == 6 and report["done"]["released"] == 1
@@ -398,6 +402,67 @@ def test_orphans_seeded_both_ways_are_all_found_and_fixed(h: Harness) -> None:
     clean = _janitor(h, "report")
     assert (clean["orphan_objects"], clean["orphan_records"], clean["orphan_processes"],
             clean["expire"], clean["usage_drift"]) == ([], [], [], [], {})
+
+
+def _pause_with_parts(h: Harness, ws_id: str, parts: dict[str, int]) -> str:
+    """Pause ``ws_id`` with a runtime that reports a snapshot using these pool parts (named
+    by their digest), after storing them and the manifest as the node agent would."""
+    pool = f"snapshots/ml-a/{ws_id}/_parts/"
+    bucket = storage_client("x").bucket(h.deps.snapshot_bucket)
+
+    def snapshot(spec: Any, snapshot_id: str, **base: Any) -> None:
+        h.runtime.calls.append(("snapshot", spec.workspace_id))
+        h.bases.append(base)
+        for name, size in parts.items():
+            bucket.blob(pool + name).upload_from_string(b"p" * size)
+        bucket.blob(f"{spec.snapshot_path(snapshot_id)}/manifest.json").upload_from_string(b"{}")
+        h.bus.publish(new_event(SnapshotFinished(
+            ws_id, snapshot_id, True, bytes=sum(parts.values()), manifest_sha256="ab" * 32,
+            parts={pool + name: size for name, size in parts.items()}),
+            source="//test", requestid=spec.requestid))
+
+    h.runtime.snapshot = snapshot  # type: ignore[method-assign]
+    h.publish(WorkspacePauseRequested(workspace_id=ws_id, actor="alice"))
+    current: str = h.doc("workspaces", ws_id)["current_snapshot"]
+    return current
+
+
+def test_shared_parts_are_charged_once_and_deleted_when_no_snapshot_uses_them(
+        h: Harness) -> None:
+    ws = h.create("inc")
+    h.bases = []
+    pool = f"snapshots/ml-a/{ws.id}/_parts/"
+    _usage(h, "ml-a", 0)
+    first = _pause_with_parts(h, ws.id, {"a" * 64: 100, "b" * 64: 100})
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 200
+    assert h.doc("snapshots", first)["manifest_sha256"] == "ab" * 32
+    h.publish(WorkspaceResumeRequested(workspace_id=ws.id, actor="alice"))
+    second = _pause_with_parts(h, ws.id, {"a" * 64: 100, "c" * 64: 50})
+
+    # The second pause named the first as its base; only c is new to the team.
+    assert h.bases[-1] == {"base": first, "base_manifest_sha256": "ab" * 32}
+    assert h.doc("snapshots", second)["parts"] == {f"_parts/{'a' * 64}": 100,
+                                                   f"_parts/{'c' * 64}": 50}
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 250
+    # Expiring the first releases b alone, and deletes it: a is the second's too.
+    released = janitor.handle_expired(new_event(SnapshotExpired(
+        snapshot_id=first, workspace_id=ws.id, team="ml-a", uri="u", bytes=200,
+        reason="keep_last"), source="//test"), h.deps, "test")
+    assert released == 100
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 150
+    assert _objects_under(h, pool) == 2 and _objects_under(h, pool + "b") == 0
+    assert _objects_under(h, f"snapshots/ml-a/{ws.id}/{first}/") == 0
+    # A part nobody recorded (a capture that failed) goes with the next janitor pass.
+    storage_client("x").bucket(h.deps.snapshot_bucket).blob(pool + "f" * 64
+                                                            ).upload_from_string(b"x")
+    report = _janitor(h, "report")
+    assert report["unused_parts"] == {ws.id: {"parts": 1, "bytes": 1}}
+    assert report["usage_drift"] == {} and report["orphan_records"] == []
+    assert _janitor(h, "policy")["done"]["parts_deleted"] == 1
+    assert _objects_under(h, pool) == 2
+    h.publish(WorkspaceDeleteRequested(workspace_id=ws.id, actor="alice"))
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 0
+    assert _objects_under(h, f"snapshots/ml-a/{ws.id}/") == 0
 
 
 def test_deleting_a_workspace_keeps_its_snapshots_only_when_the_policy_says_so(
@@ -424,6 +489,39 @@ def test_deleting_a_workspace_keeps_its_snapshots_only_when_the_policy_says_so(
     h.tick(days=31)
     assert [r["snapshot_id"] for r in _janitor(h, "policy")["expire"]] == [snap]
     assert h.doc("snapshots", snap)["status"] == "expired"
+
+
+def test_a_deleted_workspaces_links_are_revoked_and_never_reach_its_successor(
+        h: Harness) -> None:
+    """The resurrected link (issue 18 §4), on Firestore: a link made for one incarnation is
+    revoked with it, and refused by a later workspace of the same id (here another owner's)."""
+    from functions.adapters.link_store import FirestoreLinkStore
+    from functions.domain.catalog import Role
+    from functions.domain.links import Link, Operation, Reason, Scope, check_request
+
+    links = FirestoreLinkStore(h.db)
+    first = h.create("nb")
+    target = links.target(first.id)
+    assert target is not None and target.incarnation == first.incarnation is not None
+    link = Link(link_id="lnk-0123456789abcdef", workspace=first.id, team="ml-a",
+                creator="alice", scope=Scope.EXEC, created_at=h.now,
+                expires_at=h.now + timedelta(hours=12), incarnation=target.incarnation)
+    links.create_link("f" * 64, link, {"action": "link.created", "actor": "alice"})
+    h.publish(WorkspaceDeleteRequested(workspace_id=first.id, actor="alice"))
+    revoked = links.get_link("f" * 64)
+    assert revoked is not None and revoked.revoked_at is not None
+    assert (revoked.revoked_by, revoked.revoke_reason) == ("stasis", "workspace_deleted")
+
+    h.tick(minutes=1)
+    h.publish(WorkspaceRequested(team="ml-a", owner="bob", name="nb", profile="cpu-small"))
+    later = links.target(first.id)
+    assert later is not None and later.owner == "bob" and later.state == "RUNNING"
+    assert later.incarnation not in (None, first.incarnation)
+    # Even a link that somehow escaped the revocation does not reach the new workspace.
+    verdict = check_request(link, now=h.now, workspace_id=first.id,
+                            operation=Operation.EXECUTE, creator_role=Role.ADMIN,
+                            workspace=later)
+    assert verdict.reason == Reason.WORKSPACE_GONE
 
 
 # --- cost --------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`stasis bundle`: the Cloud Functions source zip and the Terraform variables derived from the
-code (stack/cli_bundle.py)."""
+code's tables (deploy/)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from stack import cli_bundle
-from stack.cli import main
+from deploy import bundle as zipped
+from deploy import tfvars
+from functions.routes import FUNCTIONS, HTTP_FUNCTIONS, IAP, PUBLIC, SCHEDULER, Http
+from stasis_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,27 +26,35 @@ ROOT = Path(__file__).resolve().parents[2]
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     """(zip, tfvars, output) of one `stasis bundle` run into a temporary directory."""
     tmp = tmp_path_factory.mktemp("bundle")
-    out, tfvars = tmp / "stasis.zip", tmp / "env" / "stasis.auto.tfvars.json"
+    out, generated = tmp / "stasis.zip", tmp / "env" / "stasis.auto.tfvars.json"
     result = CliRunner().invoke(
         main,
-        ["bundle", "--out", str(out), "--tfvars", str(tfvars), "--env", "dev"],
+        ["bundle", "--out", str(out), "--tfvars", str(generated), "--env", "dev"],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    return out, tfvars, result.output
+    return out, generated, result.output
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_generated_files_left() -> object:
     """The run above also writes terraform/environments/dev/stasis.auto.tfvars.json (as a
     deployer's would); put back whatever was there."""
-    target = ROOT / "terraform" / "environments" / "dev" / cli_bundle.TFVARS_NAME
+    target = ROOT / "terraform" / "environments" / "dev" / tfvars.TFVARS_NAME
     before = target.read_bytes() if target.exists() else None
     yield
     if before is None:
         target.unlink(missing_ok=True)
     else:
         target.write_bytes(before)
+
+
+@pytest.fixture(scope="module")
+def plan() -> tfvars.Deployment:
+    return tfvars.deployment()
+
+
+HANDLER = "functions.handlers.scheduled:janitor"  # any handler: the tests deploy, never call
 
 
 def test_zip_holds_the_packages_a_shim_and_requirements(built: tuple[Path, Path, str]) -> None:
@@ -59,9 +69,10 @@ def test_zip_holds_the_packages_a_shim_and_requirements(built: tuple[Path, Path,
     } <= set(names)
     assert any(n.startswith("schemas/events/") and n.endswith(".json") for n in names)
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-    assert not any(n.startswith(("tests/", "stack/", "runtime/", "bench/")) for n in names)
+    assert not any(n.startswith(("tests/", "stack/", "runtime/", "bench/", "deploy/"))
+                   for n in names)
     shim = zipfile.ZipFile(out).read("main.py").decode()
-    for entry in cli_bundle.entry_points():
+    for entry in FUNCTIONS:
         assert f"    {entry}," in shim
     reqs = zipfile.ZipFile(out).read("requirements.txt").decode().split()
     names_only = {r.split("==")[0].lower() for r in reqs}
@@ -100,28 +111,28 @@ def test_the_bundle_imports_on_its_own(built: tuple[Path, Path, str], tmp_path: 
         env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert set(result.stdout.strip().split(",")) == set(cli_bundle.entry_points())
+    assert set(result.stdout.strip().split(",")) == set(FUNCTIONS)
 
 
 def test_the_zip_is_deterministic(built: tuple[Path, Path, str], tmp_path: Path) -> None:
     """Same tree, same bytes: Terraform redeploys only when the code changed. (Two builds
     back to back: the tree is shared with people editing it.)"""
-    out, tfvars, _ = built
+    out, generated, _ = built
     assert (
-        json.loads(tfvars.read_text())["source_sha256"]
+        json.loads(generated.read_text())["source_sha256"]
         == hashlib.sha256(out.read_bytes()).hexdigest()
     )
-    entries, reqs = cli_bundle.entry_points(), cli_bundle.requirements()
-    first = cli_bundle.build_zip(tmp_path / "a.zip", entries, reqs)
-    second = cli_bundle.build_zip(tmp_path / "b.zip", entries, reqs)
+    reqs = zipped.requirements()
+    first = zipped.build_zip(tmp_path / "a.zip", FUNCTIONS, reqs)
+    second = zipped.build_zip(tmp_path / "b.zip", FUNCTIONS, reqs)
     assert first == second
     assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
 
 
 def test_tfvars_point_at_the_zip_relative_to_their_directory(built: tuple[Path, Path, str]) -> None:
-    out, tfvars, output = built
-    data = json.loads(tfvars.read_text())
-    assert (tfvars.parent / data["source_archive"]).resolve() == out.resolve()
+    out, generated, output = built
+    data = json.loads(generated.read_text())
+    assert (generated.parent / data["source_archive"]).resolve() == out.resolve()
     assert set(data) == {
         "source_archive",
         "source_sha256",
@@ -130,63 +141,64 @@ def test_tfvars_point_at_the_zip_relative_to_their_directory(built: tuple[Path, 
         "event_functions",
         "http_functions",
         "kubernetes",
+        "firestore_indexes",
+        "monitoring",
+        "event_publishers",
     }
-    assert "functions (" in output and "topics" in output
+    assert "functions (" in output and "topics" in output and "composite indexes" in output
 
 
-def test_a_cloud_event_entry_point_without_a_route_is_refused(tmp_path: Path) -> None:
-    main_py = tmp_path / "main.py"
-    main_py.write_text(
-        (ROOT / "functions" / "main.py").read_text()
-        + (
-            "\n\n@functions_framework.cloud_event\n"
-            "def on_something_new(cloud_event):  # type: ignore[no-untyped-def]\n"
-            "    bootstrap.deliver('on_something_new', cloud_event)\n"
-        )
-    )
-    with pytest.raises(cli_bundle.BundleError, match=r"on_something_new .*no route"):
-        cli_bundle.deployment(main_py)
+def test_a_new_http_function_is_one_line_deployed_as_declared() -> None:
+    table = {**FUNCTIONS,
+             "export_audit": Http("export_audit", SCHEDULER, HANDLER, schedule="0 3 * * *"),
+             "reports": Http("reports", IAP, HANDLER),
+             "ping": Http("ping", SCHEDULER, HANDLER)}
+    plan = tfvars.deployment(table=table)
+    assert plan.http_functions["export_audit"] == {
+        "kind": "http", "access": "scheduler", "deploy_name": "stasis-export-audit",
+        "account_id": "sx-export-audit", "schedule": "0 3 * * *"}
+    assert plan.http_functions["reports"]["access"] == "iap"
+    assert "schedule" not in plan.http_functions["reports"]
+    assert plan.http_functions["ping"]["access"] == "scheduler"
+    assert [w for w in plan.warnings if "ping" in w]  # no job: said, not guessed
 
 
-def test_a_new_http_entry_point_is_deployed_private(tmp_path: Path) -> None:
-    main_py = tmp_path / "main.py"
-    main_py.write_text(
-        (ROOT / "functions" / "main.py").read_text()
-        + (
-            "\n\n@functions_framework.http\n"
-            "def export_audit(request):  # type: ignore[no-untyped-def]\n"
-            "    return ''\n"
-        )
-    )
-    plan = cli_bundle.deployment(main_py)
-    fn = plan.functions["export_audit"]
-    assert (fn.kind, fn.access, fn.schedule) == ("http", "scheduler", None)
-    assert any("export_audit" in w for w in plan.warnings)
+def test_a_name_says_nothing_about_exposure() -> None:
+    """Exposure is what the route declares: a function named like the chat one behind IAP
+    is behind IAP, one named like a dashboard may be public."""
+    table = {"slack_events": Http("slack_events", IAP, HANDLER),
+             "dashboard_public": Http("dashboard_public", PUBLIC, HANDLER)}
+    plan = tfvars.deployment(table=table)
+    assert plan.http_functions["slack_events"]["access"] == "iap"
+    assert plan.http_functions["dashboard_public"]["access"] == "public"
+    assert plan.event_functions == {}
 
 
 @pytest.mark.parametrize(
     ("name", "access", "schedule"),
     [
         ("chat", "public", None),
-        ("slack_events", "public", None),
         ("dashboard", "iap", None),
         ("proxy", "iap", None),
         ("links", "iap", None),
+        ("portal", "iap", None),
         ("reconcile", "scheduler", "*/10 * * * *"),
         ("janitor", "scheduler", "17 * * * *"),
         ("idle_sweep", "scheduler", "*/5 * * * *"),
         ("cost_rollup", "scheduler", "41 * * * *"),
-        ("something_else", "scheduler", None),
     ],
 )
-def test_http_functions_are_classified_by_name(
-    name: str, access: str, schedule: str | None
+def test_the_http_functions_keep_their_exposure_and_schedule(
+    name: str, access: str, schedule: str | None, plan: tfvars.Deployment
 ) -> None:
-    assert cli_bundle.http_access(name) == access
-    assert (cli_bundle.http_schedule(name) if access == "scheduler" else None) == schedule
+    assert HTTP_FUNCTIONS[name].exposure == access
+    assert HTTP_FUNCTIONS[name].schedule == schedule
+    deployed = plan.http_functions[name]
+    assert (deployed["access"], deployed.get("schedule")) == (access, schedule)
 
 
 def test_check_only_checks(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bundle", "--check", "--out", str(tmp_path / "x.zip")])
     assert result.exit_code == 0, result.output
+    assert f"{len(FUNCTIONS)} functions" in result.output
     assert not (tmp_path / "x.zip").exists()

@@ -307,7 +307,7 @@ def test_config_documents_match_the_document_schemas(example: dict[str, Any]) ->
                                  "environments": list(docs.environments.values()),
                                  "profiles": list(docs.profiles.values()),
                                  "teams": list(docs.teams.values()),
-                                 "pricing": docs.pricing})
+                                 "pricing": docs.pricing, "scheduling": docs.scheduling})
     assert again == Catalog.from_config(example)
 
 
@@ -620,3 +620,47 @@ def test_environment_flags() -> None:
     assert (env("approved").usable, env("approved").listed) == (True, True)
     assert (env("deprecated", "x-1").usable, env("deprecated", "x-1").listed) == (True, False)
     assert (env("hidden").usable, env("unapproved").usable) == (False, False)
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduling: priority classes, queue policy, borrowing, declared nodes
+# --------------------------------------------------------------------------------------------
+
+
+def test_scheduling_problems_are_reported_at_their_paths(example: dict[str, Any]) -> None:
+    config = copy.deepcopy(example)
+    config["scheduling"] = {
+        "priority_classes": [{"id": "interactive", "value": 1}, {"id": "interactive",
+                                                                  "value": 2}],
+        "defaults": {"job": "batchy"},
+        "nodes": [{"id": "n1", "accelerators": {"nvidia-l4": 1}},
+                  {"id": "n1", "accelerators": {}}]}
+    config["profiles"][0]["scheduling"] = {"priority_class": "urgent", "when_full": "refuse",
+                                           "max_wait_seconds": 60}
+    config["teams"][0]["borrowing_limit"] = {"gpus": 1}
+    assert schema_paths(config) == []
+    problems = {p.path: p.message for p in validate_config(config)}
+    assert set(problems) == {"/scheduling/priority_classes/1/id", "/scheduling/defaults/job",
+                             "/scheduling/nodes/1/id", "/profiles/0/scheduling/priority_class",
+                             "/profiles/0/scheduling/max_wait_seconds",
+                             "/teams/0/borrowing_limit"}
+    assert "unknown priority class batchy" in problems["/scheduling/defaults/job"]
+    assert "set cohort" in problems["/teams/0/borrowing_limit"]
+
+
+def test_a_teams_class_wins_over_the_profiles_which_wins_over_the_default(
+        example: dict[str, Any]) -> None:
+    from functions.domain.catalog import WorkKind
+
+    config = copy.deepcopy(example)
+    gpu = next(p for p in config["profiles"] if p["id"] == "gpu-small")
+    gpu["scheduling"] = {"priority_class": "batch"}
+    catalog = Catalog.from_config(config)
+    assert catalog.priority_for("ml-a", "gpu-small").id == "batch"
+    assert catalog.priority_for("ml-a", "cpu-small").id == "interactive"
+    assert catalog.priority_for("ml-a", "cpu-small", WorkKind.SANDBOX).id == "background"
+    config["teams"][0]["priority_class"] = "background"
+    assert Catalog.from_config(config).priority_for("ml-a", "gpu-small").id == "background"
+    bare = copy.deepcopy(example)
+    del bare["scheduling"]
+    assert Catalog.from_config(bare).priority_for("ml-a", "gpu-small").id == "default"

@@ -44,6 +44,8 @@ C = Command
     ("pause mynb", C(Verb.PAUSE, name="mynb")),
     ("resume mynb", C(Verb.RESUME, name="mynb")),
     ("resume mynb cpu-large", C(Verb.RESUME, name="mynb", profile="cpu-large")),
+    ("resume mynb cpu-large --device-arrays-to-cpu",
+     C(Verb.RESUME, name="mynb", profile="cpu-large", device_arrays_to_cpu=True)),
     ("delete mynb --keep-home", C(Verb.DELETE, name="mynb", keep_home=True)),
     ("rm mynb", C(Verb.DELETE, name="mynb")),
     ("snapshots mynb", C(Verb.SNAPSHOTS, name="mynb")),

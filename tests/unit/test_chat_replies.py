@@ -75,11 +75,44 @@ def test_a_pause_nobody_asked_for_says_why() -> None:
      "pause of mynb failed: kernel died. It is still RUNNING"),
     (_change("FAILED", "RESUMING", "resume_failed", message="no GPU left"),
      "resume of mynb failed: no GPU left — its snapshot is kept: try `/ws resume mynb`"),
+    (_change("PAUSED", "RESUMING", "snapshot_integrity",
+             message="manifest.json has sha256 9f..., the snapshot record says 3e..."),
+     "resume of mynb refused: manifest.json has sha256 9f..., the snapshot record says 3e. "
+     "Its snapshot does not match what was recorded"),
+    (_change("PAUSED", "RESUMING", "restore_refused",
+             message="this kernel has no accelerator: resume it with its device arrays on CPU "
+                     "(`stasis ws resume --device-arrays-to-cpu`)"),
+     "(`/ws resume --device-arrays-to-cpu`). mynb stays PAUSED, nothing was lost."),
+    (_change("PAUSED", "RESUMING", "resume_interrupted",
+             message="node agent restarted during the resume"),
+     "resume of mynb was interrupted: node agent restarted during the resume. mynb stays "
+     "PAUSED, nothing was lost: try `/ws resume mynb` again."),
     (_change("FAILED", "PROVISIONING", "provision_failed", message="image pull"),
      "mynb failed to start: image pull — try `/ws delete mynb`"),
     (_change("FAILED", None, "admission_refused", message="team ml-a uses 4/4 GPUs: pause"),
      "mynb was not created: team ml-a uses 4/4 GPUs: pause."),
     (_change("DELETED", "DELETING", "deleted"), "mynb deleted."),
+    # when the GPUs run out
+    (_change("QUEUED", None, "queued", message="queued: team ml-a uses 4/4 GPUs: pause or "
+                                               "delete one, see `stasis ws list`"),
+     "mynb is QUEUED (team ml-a uses 4/4 GPUs: pause or delete one, see `/ws list`). It "
+     "starts by itself; `/ws status mynb` says where it stands, `/ws delete mynb` cancels it."),
+    (_change("QUEUED", "PAUSING", "requeued",
+             message="paused with its state for ml-b--hi (interactive), which needed "
+                     "1 x nvidia-l4; your resume is queued"),
+     "mynb was paused with its state for ml-b--hi (interactive), which needed 1 x nvidia-l4;"
+     " your resume is queued. Its live state is in its snapshot"),
+    (_change("RUNNING", "RUNNING", "preemption_warning",
+             message="ml-b--hi (interactive) needs the nvidia-l4 this workspace holds: it "
+                     "will be paused with its state in 10m"),
+     "Heads-up: ml-b--hi (interactive) needs the nvidia-l4 this workspace holds: it will be "
+     "paused with its state in 10m. Save your work"),
+    (_change("FAILED", "QUEUED", "queue_expired",
+             message="waited 4h, the most its profile allows (4h): no node has 1 x nvidia-l4 "
+                     "free"),
+     "mynb did not start: it waited 4h, the most its profile allows (4h): no node has"),
+    (_change("PAUSED", "QUEUED", "queue_cancelled"),
+     "mynb stays PAUSED: its queued resume was cancelled."),
 ])
 def test_outcomes(change: WorkspaceStateChanged, says: str) -> None:
     note = notification(change, WS, None)

@@ -1,4 +1,5 @@
-"""The sandbox notifier (sandbox.finished -> chat) against fakes: whom it tells, what, once."""
+"""The sandbox notifier (sandbox.state_changed -> chat) against fakes: whom it tells, what,
+once."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 import pytest
 from chat_fakes import NOW, FakeNotifier, FakeStore, chat_deps
 
-from events import SandboxFinished, new_event
+from events import SandboxFinished, SandboxStateChanged, SandboxSuspended, new_event
 from functions.chatops import notify
 from functions.chatops.ports import ChatDeps
 from functions.chatops.replies import ReplyTarget
 from functions.delivery import PermanentFailure
-from functions.domain.sandboxes import Limits
+from functions.domain.sandboxes import DEFAULT_POLICY, Limits, Sandbox, TeamQueue, finish
 
 URL = "https://hooks.slack.com/commands/T0/1/abc"
 SBX = "sbx-0123456789abcdef"
@@ -32,11 +33,12 @@ def _doc(state: str = "RUNNING", *, reply_to: str | None = None, **fields: Any) 
 
 
 def _finished(event_id: str = "e1", requestid: str = "slack-r1", **fields: Any) -> Any:
-    payload = SandboxFinished(sandbox_id=SBX, succeeded=True, exit_status=0, patch_uri=PATCH,
-                              log_uri=PATCH.replace("patch.diff", "log.txt"), patch_bytes=120,
-                              files_changed=["calc.py"], base_sha="ab" * 20)
-    payload = SandboxFinished(**{**payload.__dict__, **fields})
-    return new_event(payload, id=event_id, requestid=requestid)
+    """The sandbox.state_changed of an end the sandbox handler recorded."""
+    change = SandboxStateChanged(sandbox_id=SBX, team="ml-a", requester="alice",
+                                 from_state="RUNNING", to_state="SUCCEEDED",
+                                 reason="succeeded", version=3)
+    return new_event(SandboxStateChanged(**{**change.__dict__, **fields}), id=event_id,
+                     requestid=requestid)
 
 
 def _deps(doc: dict[str, Any] | None, *, record: bool = True,
@@ -57,12 +59,16 @@ def _sent(chat: ChatDeps) -> list[dict[str, Any]]:
     return [m for _, m in notifier.responded + notifier.posted]
 
 
+def _ended(**fields: Any) -> dict[str, Any]:
+    """The record of a sandbox that ended SUCCEEDED, as the sandbox handler wrote it."""
+    return _doc("SUCCEEDED", reason="succeeded", exit_status=0, files_changed=["calc.py"],
+                patch_uri=PATCH, version=3, message=f"the task succeeded; a patch of 1 file "
+                f"(120 bytes) is ready for review: stasis sandbox show {SBX}, then stasis "
+                f"sandbox apply {SBX} --to CHECKOUT", **fields)
+
+
 def test_the_requester_is_told_the_end_with_the_patch_to_review() -> None:
-    ended = _doc("SUCCEEDED", reason="succeeded", exit_status=0, files_changed=["calc.py"],
-                 patch_uri=PATCH, message=f"the task succeeded; a patch of 1 file (120 bytes) "
-                 f"is ready for review: stasis sandbox show {SBX}, then stasis sandbox apply "
-                 f"{SBX} --to CHECKOUT")
-    deps, chat = _deps(ended)
+    deps, chat = _deps(_ended())
     assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "response_url"  # type: ignore[arg-type]
     [message] = _sent(chat)
     assert message["text"].startswith(f"Sandbox `{SBX}` (`python -m pytest -x`) ended "
@@ -76,10 +82,18 @@ def test_the_requester_is_told_the_end_with_the_patch_to_review() -> None:
     assert chat.records.recall("slack-r1")["response_url_uses"] == 1  # type: ignore[index]
 
 
-def test_before_the_handler_wrote_the_end_the_report_is_read_as_it_will() -> None:
-    deps, chat = _deps(_doc("RUNNING"))
-    event = _finished(succeeded=False, exit_status=None, termination="wall_clock_exceeded")
-    notify.handle_sandbox(event, deps, CONSUMER)  # type: ignore[arg-type]
+def test_the_end_is_told_as_the_sandbox_handler_recorded_it() -> None:
+    """The change the domain's own ``finish`` makes of a report, with the record it wrote."""
+    report = SandboxFinished(sandbox_id=SBX, succeeded=False, exit_status=None,
+                             termination="wall_clock_exceeded", patch_uri=PATCH,
+                             patch_bytes=120, files_changed=["calc.py"])
+    decision = finish(Sandbox.from_doc(_doc("RUNNING")), report, policy=DEFAULT_POLICY,
+                      queue=TeamQueue(running=(SBX,)), load=lambda _: None, now=NOW)
+    [ended] = decision.sandboxes
+    [change] = decision.events
+    deps, chat = _deps(ended.to_doc())
+    notify.handle_sandbox(new_event(change, id=change.event_id, requestid="runtime-r"), deps,  # type: ignore[arg-type]
+                          CONSUMER)
     [message] = _sent(chat)
     assert "ended *TIMED_OUT*: stopped: wall clock limit of 900 s exceeded; a patch of 1 file" \
         in message["text"]
@@ -87,38 +101,43 @@ def test_before_the_handler_wrote_the_end_the_report_is_read_as_it_will() -> Non
 
 
 def test_one_notification_per_sandbox_whatever_reports_follow() -> None:
-    deps, chat = _deps(_doc("RUNNING"))
+    deps, chat = _deps(_ended())
     notify.handle_sandbox(_finished("e1"), deps, CONSUMER)  # type: ignore[arg-type]
-    late = _finished("reconcile-x", requestid="reconcile-x", succeeded=False,
-                     termination="runtime_lost")
+    late = _finished("reconcile-x", requestid="reconcile-x", to_state="FAILED",
+                     reason="runtime_lost", version=4)
     assert notify.handle_sandbox(late, deps, CONSUMER) == "duplicate"  # type: ignore[arg-type]
     assert len(_sent(chat)) == 1
 
 
 def test_without_the_record_the_reply_to_is_used_and_an_old_response_url_is_skipped() -> None:
     target = ReplyTarget("U0ALICE", "C0", "T0", URL, NOW - timedelta(hours=2))
-    deps, chat = _deps(_doc("RUNNING", reply_to=target.encode()), record=False)
+    deps, chat = _deps(_ended(reply_to=target.encode()), record=False)
     assert notify.handle_sandbox(_finished(), deps, CONSUMER) == "chat.postMessage"  # type: ignore[arg-type]
     [(user, message)] = chat.notifier.posted  # type: ignore[attr-defined]
     assert user == "U0ALICE" and "*SUCCEEDED*" in message["text"]
 
 
-@pytest.mark.parametrize("doc", [None, _doc("QUEUED")], ids=["never admitted", "queued"])
-def test_a_report_the_handler_ignores_tells_nobody(doc: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize(("doc", "change"), [
+    (None, {}),
+    (_doc("QUEUED"), {"from_state": "QUEUED", "to_state": "RUNNING", "reason": "promoted"}),
+    (_doc("FAILED"), {"from_state": None, "to_state": "FAILED", "reason": "queue_full"}),
+], ids=["no record", "not an end", "refused at once (the ack said so)"])
+def test_what_is_not_the_end_of_a_sandbox_that_ran_tells_nobody(
+        doc: dict[str, Any] | None, change: dict[str, Any]) -> None:
     deps, chat = _deps(doc)
-    assert notify.handle_sandbox(_finished(), deps, CONSUMER) is None  # type: ignore[arg-type]
+    assert notify.handle_sandbox(_finished(**change), deps, CONSUMER) is None  # type: ignore[arg-type]
     assert _sent(chat) == []
 
 
 def test_a_sandbox_from_the_cli_or_a_link_tells_nobody_here() -> None:
-    deps, chat = _deps(_doc("RUNNING", requestid="cli-123"), record=True)
+    deps, chat = _deps(_ended(requestid="cli-123"), record=True)
     assert notify.handle_sandbox(_finished(requestid="cli-123"), deps, CONSUMER) is None  # type: ignore[arg-type]
     assert _sent(chat) == []
 
 
 def test_slack_refusing_for_good_is_a_permanent_failure() -> None:
     target = ReplyTarget("U0GONE")
-    deps, _ = _deps(_doc("RUNNING", reply_to=target.encode()), record=False,
+    deps, _ = _deps(_ended(reply_to=target.encode()), record=False,
                     notifier=FakeNotifier(refuse="user_not_found"))
     with pytest.raises(PermanentFailure, match="user_not_found"):
         notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
@@ -129,7 +148,7 @@ def test_a_send_that_fails_releases_its_claim_so_the_retry_tells() -> None:
         def post(self, channel: str, message: Any) -> None:
             raise ConnectionError("slack unreachable")
 
-    deps, chat = _deps(_doc("RUNNING", reply_to=ReplyTarget("U0ALICE").encode()), record=False,
+    deps, chat = _deps(_ended(reply_to=ReplyTarget("U0ALICE").encode()), record=False,
                        notifier=Flaky())
     with pytest.raises(ConnectionError):
         notify.handle_sandbox(_finished(), deps, CONSUMER)  # type: ignore[arg-type]
@@ -138,13 +157,17 @@ def test_a_send_that_fails_releases_its_claim_so_the_retry_tells() -> None:
 
 
 def _held(sequence: int = 1) -> Any:
-    from events import SandboxSuspended
+    """The sandbox.state_changed of the ``sequence``-th suspension, as the domain makes it
+    of the runtime's report."""
+    from functions.domain.sandboxes import SandboxState, changed
 
-    return new_event(SandboxSuspended(
+    report = SandboxSuspended(
         sandbox_id=SBX, idle_seconds=600, sequence=sequence, method="freeze",
         checkpoint_uri=f"gs://b/sandboxes/ml-a/{SBX}/checkpoint-{sequence}.diff",
-        checkpoint_bytes=90, files_changed=["calc.py", "x.py"]),
-        id=f"held-{sequence}", requestid=f"held-{sequence}")
+        checkpoint_bytes=90, files_changed=["calc.py", "x.py"])
+    held = Sandbox.from_doc(_doc("SUSPENDED", version=2 * sequence + 1))
+    change = changed(SandboxState.RUNNING, held, report)
+    return new_event(change, id=change.event_id, requestid=f"held-{sequence}")
 
 
 def test_a_suspension_is_told_once_each_time_with_how_to_resume() -> None:

@@ -63,9 +63,10 @@ def test_a_member_of_another_team_cannot_see_or_act() -> None:
     deps = chat_deps(workspace("mynb"))
     for text in ("status mynb --team ml-a", "pause mynb --team ml-a", "list --team ml-a"):
         reply = ask(deps, text, user="U0CAROL")
-        assert "You are not a member of team ml-a" in reply and "ask alice" in reply
+        assert "you are not a member of team ml-a" in reply.lower() and "ask alice" in reply
     # Without --team, names resolve in carol's own team: ml-a's workspace does not exist there.
-    assert "There is no workspace mynb in team ml-b" in ask(deps, "pause mynb", user="U0CAROL")
+    assert "Nothing done: there is no workspace mynb in team ml-b" in ask(deps, "pause mynb",
+                                                                         user="U0CAROL")
     assert "no workspaces" in ask(deps, "list", user="U0CAROL")
     assert published(deps) == []
 
@@ -111,14 +112,15 @@ def test_create_without_a_profile_takes_the_teams_first_and_says_so() -> None:
 
 
 @pytest.mark.parametrize(("text", "user", "says"), [
-    ("create mynb --profile cpu-smal", "U0ALICE", "There is no profile cpu-smal. Did you mean "
-                                                  "cpu-small or gpu-small?"),
-    ("create mynb --profile tpu-v5e-8", "U0CAROL", "Profile tpu-v5e-8 is not available to team "
-                                                   "ml-b; ask carol"),
-    ("create mynb --env python-3-12", "U0ALICE", "There is no environment python-3-12"),
+    ("create mynb --profile cpu-smal", "U0ALICE", "Nothing done: there is no profile cpu-smal. "
+                                                  "Did you mean cpu-small or gpu-small?"),
+    ("create mynb --profile tpu-v5e-8", "U0CAROL", "Nothing done: profile tpu-v5e-8 is not "
+                                                   "available to team ml-b; ask carol"),
+    ("create mynb --env python-3-12", "U0ALICE", "Nothing done: there is no environment "
+                                                 "python-3-12"),
     ("create mynb --env legacy-tf1", "U0ALICE", "no longer offered"),
-    ("create mynb --ide emacs", "U0ALICE", "There is no IDE emacs"),
-    ("resume mynb --profile gpu-huge", "U0ALICE", "There is no profile gpu-huge"),
+    ("create mynb --ide emacs", "U0ALICE", "Nothing done: there is no IDE emacs"),
+    ("resume mynb --profile gpu-huge", "U0ALICE", "Nothing done: there is no profile gpu-huge"),
 ])
 def test_catalog_refusals_are_answered_at_once(text: str, user: str, says: str) -> None:
     deps = chat_deps(workspace("mynb", state=State.PAUSED, current_snapshot="s1"))
@@ -132,7 +134,8 @@ def test_catalog_refusals_are_answered_at_once(text: str, user: str, says: str) 
     ("pause mynb", State.PAUSED, "Nothing done: mynb is PAUSED: already paused."),
     ("pause mynb", State.PROVISIONING, "cannot pause while PROVISIONING; wait until RUNNING"),
     ("resume mynb", State.RUNNING, "Nothing done: mynb is RUNNING: already running."),
-    ("delete mynb", State.DELETED, "There is no workspace mynb in team ml-a"),
+    ("delete mynb", State.DELETED, "Nothing done: there is no workspace mynb in team ml-a. "
+                                   "See `/ws list`."),
     ("status mynb", State.DELETED, "There is no workspace mynb in team ml-a"),
 ])
 def test_the_lifecycle_preview_answers_what_would_be_refused(text: str, state: State,
@@ -143,11 +146,8 @@ def test_the_lifecycle_preview_answers_what_would_be_refused(text: str, state: S
 
 
 @pytest.mark.parametrize(("text", "usage", "says"), [
-    ("create big --profile gpu-small", {"gpus": 1},
-     "Nothing done: team ml-b uses 1/1 GPUs: pause or delete one, see `/ws list`."),
     ("create big --profile cpu-small", {"workspaces": 4},
      "Nothing done: team ml-b has 4/4 workspaces (paused ones count too)"),
-    ("resume paused", {"gpus": 1, "workspaces": 2}, "team ml-b uses 1/1 GPUs"),
 ])
 def test_what_the_quota_will_refuse_is_answered_at_once(text: str, usage: dict[str, int],
                                                         says: str) -> None:
@@ -158,6 +158,21 @@ def test_what_the_quota_will_refuse_is_answered_at_once(text: str, usage: dict[s
     assert published(deps) == []
     deps.reads.docs[("teams", "ml-b")] = {"usage": {}}  # type: ignore[attr-defined]
     assert "Nothing done" not in ask(deps, text, user="U0CAROL")
+    assert len(published(deps)) == 1
+
+
+@pytest.mark.parametrize(("text", "usage"), [
+    ("create big --profile gpu-small", {"gpus": 1}),
+    ("resume paused", {"gpus": 1, "workspaces": 2}),
+])
+def test_what_the_gpu_quota_makes_wait_is_published_and_said_to_wait(
+        text: str, usage: dict[str, int]) -> None:
+    deps = chat_deps(workspace("paused", team="ml-b", owner="carol", state=State.PAUSED,
+                               current_snapshot="s1", profile_="gpu-small"))
+    deps.reads.docs[("teams", "ml-b")] = {"usage": usage}  # type: ignore[attr-defined]
+    answer = ask(deps, text, user="U0CAROL")
+    assert "It will wait in the queue: team ml-b uses 1/1 GPUs: pause or delete one, see " \
+           "`/ws list`. I'll tell you when it starts." in answer
     assert len(published(deps)) == 1
 
 
@@ -237,14 +252,16 @@ SECRET = "test-signing-secret"
 
 def _app(deps: ChatDeps | None = None) -> tuple[ChatFunction, ChatDeps]:
     deps = deps or chat_deps()
-    return ChatFunction(SlackSettings(SECRET, "xoxb-test", "http://127.0.0.1:9/api/"),
+    return ChatFunction(SlackSettings(SECRET, "xoxb-test", "http://127.0.0.1:9/api/",
+                                      team_id="T0"),
                         lambda req: answer(req, deps)), deps
 
 
-def _body(text: str, user: str = "U0ALICE", trigger: str = "1.2.abc") -> str:
+def _body(text: str, user: str = "U0ALICE", trigger: str = "1.2.abc", team: str = "T0",
+          **more: str) -> str:
     return urllib.parse.urlencode({"command": "/ws", "text": text, "user_id": user,
-                                   "team_id": "T0", "channel_id": "C0", "response_url": URL,
-                                   "trigger_id": trigger})
+                                   "team_id": team, "channel_id": "C0", "response_url": URL,
+                                   "trigger_id": trigger, **more})
 
 
 def _headers(body: str, *, ts: int | None = None, secret: str = SECRET,
@@ -296,6 +313,39 @@ def test_without_a_signing_secret_the_function_refuses_to_exist() -> None:
 
     with pytest.raises(ChatNotConfigured):
         ChatFunction(SlackSettings(None, None), lambda req: {})
+
+
+def test_without_a_slack_team_the_function_refuses_to_exist() -> None:
+    from functions.adapters.slack import ChatNotConfigured
+
+    with pytest.raises(ChatNotConfigured, match="STASIS_SLACK_TEAM_ID"):
+        ChatFunction(SlackSettings(SECRET, "xoxb-test"), lambda req: {})
+
+
+@pytest.mark.parametrize("team", ["T0OTHER", ""])
+def test_a_signed_request_from_another_slack_team_is_refused_and_does_nothing(
+        team: str) -> None:
+    # U0ALICE is alice in the catalog, but only in the Slack team T0: the same user id in
+    # another Slack workspace (another install, a Slack Connect channel) is someone else.
+    app, deps = _app()
+    body = _body("create mynb --profile cpu-small", team=team)
+    response = app.dispatch(body, _headers(body))  # signed with the app's own secret
+    assert response.status == 200
+    assert "another Slack workspace" in response.body and "T0" in response.body
+    assert published(deps) == []
+
+
+def test_the_configured_enterprise_is_checked_as_well() -> None:
+    deps = chat_deps()
+    app = ChatFunction(SlackSettings(SECRET, "xoxb-test", "http://127.0.0.1:9/api/",
+                                     team_id="T0", enterprise_id="E0"),
+                       lambda req: answer(req, deps))
+    other = _body("create mynb --profile cpu-small", enterprise_id="E0OTHER")
+    assert "another Slack organisation" in app.dispatch(other, _headers(other)).body
+    assert published(deps) == []
+    ours = _body("create mynb --profile cpu-small", enterprise_id="E0")
+    assert "Creating mynb" in app.dispatch(ours, _headers(ours)).body
+    assert len(published(deps)) == 1
 
 
 _APP, _DEPS = _app(chat_deps(workspace("mynb"), workspace("paused", state=State.PAUSED,

@@ -221,7 +221,7 @@ def test_describe_is_log_safe() -> None:
     event = new_event(WorkspaceRequested("ml-a", "alice", "ws", "cpu-small",
                                          reply_to="secret-channel"), id="e", requestid="r")
     assert event.describe() == {"type": "dev.stasis.workspace.requested", "id": "e",
-                                "subject": "ml-a--ws", "requestid": "r"}
+                                "subject": "ml-a--ws", "requestid": "r", "origin": ""}
     assert event.topic == "stasis-workspace-requested"
 
 
@@ -453,3 +453,14 @@ def test_arbitrary_attributes_decode_or_raise_invalid_event(attributes: dict[str
     for attrs in (attributes, {**good, **attributes}):
         with contextlib.suppress(InvalidEvent):
             from_pubsub(data, attrs)
+
+
+def test_the_origin_travels_as_a_cloudevents_extension() -> None:
+    event = dataclasses.replace(new_event(WorkspaceRequested("ml-a", "alice", "ws",
+                                                             "cpu-small")), origin="chat")
+    data, attributes = to_pubsub(event)
+    assert attributes["ce-origin"] == "chat"
+    assert from_pubsub(data, attributes).origin == "chat"
+    assert from_cloudevent(to_cloudevent(event)).origin == "chat"
+    unpublished = to_pubsub(dataclasses.replace(event, origin=""))[1]
+    assert "ce-origin" not in unpublished

@@ -155,3 +155,17 @@ def test_a_workspace_paused_by_the_policy_all_month_counts_as_saved() -> None:
     assert doc["auto_pause"]["hours_saved"] == pytest.approx(10)
     assert doc["auto_pause"]["paused_now"] == 1
     assert doc["compute"]["cost"] == 0
+
+
+def test_snapshots_sharing_parts_pay_for_them_once() -> None:
+    from functions.domain.cost import _snapshot_usage
+
+    parts = {"_parts/a": GIB, "_parts/b": GIB}
+    first = SnapshotRecord("ml-a--c-v2", "ml-a--c", "ml-a", bytes=2 * GIB, created_at=at(2),
+                           status="expired", ended_at=at(4), parts=parts)
+    second = SnapshotRecord("ml-a--c-v4", "ml-a--c", "ml-a", bytes=2 * GIB, created_at=at(3),
+                            parts={"_parts/a": GIB, "_parts/c": GIB})
+    bytes_now, gib_hours = _snapshot_usage([first, second], at(1), NOW)
+    assert bytes_now == 2 * GIB  # a and c; b went with the first
+    hours = (NOW - at(2)).total_seconds() / 3600  # a: from the first's start to now
+    assert gib_hours == pytest.approx(hours + 48 + (hours - 24))  # + b (2 days) + c

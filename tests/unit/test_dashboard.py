@@ -172,13 +172,15 @@ def _fleet_data() -> dict[str, dict[str, dict[str, Any]]]:
             "teams": {"ml-a": {"usage": {"workspaces": 3, "gpus": 1}}, "ml-b": {}}}
 
 
-def _ctx(data: Mapping[str, Any] | None = None) -> tuple[pages.Context, FakeReader]:
+def _ctx(data: Mapping[str, Any] | None = None, visible: frozenset[str] | None = None
+         ) -> tuple[pages.Context, FakeReader]:
+    """A page's context as a platform admin sees it (``visible``: a team admin's teams)."""
     reader = FakeReader(data or _fleet_data())
 
     def url(target: str, /, **params: str | None) -> str:
         return f"/d/{target}" + pages.query_string(**params)
 
-    return pages.Context(reader, CATALOG, NOW, url), reader
+    return pages.Context(reader, CATALOG, NOW, url, visible), reader
 
 
 # --- pages ---------------------------------------------------------------------------------
@@ -197,7 +199,7 @@ def test_fleet_counts_facets_under_the_other_filters() -> None:
     assert data["rows"][0]["first_start"] == "1.0 s" and data["rows"][0]["age"] == "10m 0s"
     # Every page query is bounded and every count is an aggregation.
     assert all(q.limit <= MAX_PAGE for q in reader.pages)
-    assert len(reader.aggregations) == 1 + 9 + 2 + 2
+    assert len(reader.aggregations) == 1 + 10 + 2 + 2  # total, per state, team, profile
 
 
 def test_fleet_paginates_with_a_cursor() -> None:
@@ -352,13 +354,14 @@ def test_access_modes_fail_closed() -> None:
 
 def test_admin_rule() -> None:
     config = access.access_config({"STASIS_PLATFORM_ADMINS": "ops@example.com, root"})
-    members = access.members_of(CATALOG)
-    assert access.decide("dev", email=None, config=config, team_members=members).allowed
-    assert not access.decide("bob", email=None, config=config, team_members=members).allowed
-    assert not access.decide("vic", email=None, config=config, team_members=members).allowed
-    assert access.decide("ops@example.com", email="ops@example.com", config=config,
-                         team_members=members).allowed
-    assert not access.decide(None, email=None, config=config, team_members=members).allowed
+    dev = access.decide("dev", email=None, config=config, catalog=CATALOG)
+    assert dev.allowed and dev.teams == {"ml-a"}  # a team admin: their own teams only
+    assert not access.decide("bob", email=None, config=config, catalog=CATALOG).allowed
+    assert not access.decide("vic", email=None, config=config, catalog=CATALOG).allowed
+    ops = access.decide("ops@example.com", email="ops@example.com", config=config,
+                        catalog=CATALOG)
+    assert ops.allowed and ops.teams is None  # a platform admin: every team
+    assert not access.decide(None, email=None, config=config, catalog=CATALOG).allowed
     assert access.user_for_email("Alice@Example.com", "example.com") == "alice"
     assert access.user_for_email("alice@evil.com", "example.com") == "alice@evil.com"
 
@@ -461,13 +464,61 @@ def test_the_dashboard_is_an_http_function_of_the_host() -> None:
 def test_stasis_up_prints_the_dashboard_url(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from stack import cli, local
+    from stack import local
+    from stasis_cli.main import main
 
     monkeypatch.setattr(local, "up", lambda settings, **_kw: local.UpReport({"all": 1.0}))
     monkeypatch.setattr(local, "status", lambda settings: [])
     monkeypatch.setenv("STASIS_FUNCTIONS_PORT", "18713")
     monkeypatch.delenv("STASIS_DASHBOARD_DEV_USER", raising=False)
-    result = CliRunner().invoke(cli.main, ["up"])
+    result = CliRunner().invoke(main, ["up"])
     assert result.exit_code == 0, result.output
     assert "admin dashboard http://127.0.0.1:18713/dashboard/ (dev identity dev)" in \
         result.output
+
+
+# --- a team admin sees their own teams (issue 18 §3) ----------------------------------------
+_TEAM_SCOPED = ("workspaces", "snapshots", "links", "sandboxes", "audit")
+
+
+@pytest.mark.parametrize("name", sorted(pages.PAGES))
+def test_every_read_of_a_team_admin_is_confined_to_their_teams(name: str) -> None:
+    ctx, reader = _ctx(visible=frozenset({"ml-a"}))
+    data = pages.PAGES[name](ctx, {})
+    reads = [(q.collection, q.where) for q in (*reader.pages, *reader.aggregations)]
+    assert all(c not in _TEAM_SCOPED or any(
+        (f, op, v) in (("team", "==", "ml-a"), ("team", "in", ["ml-a"])) for f, op, v in where)
+               for c, where in reads), reads
+    assert "ml-b" not in data.get("team_ids", [])
+    assert all(row.get("team") in (None, "ml-a") for row in data.get("rows") or [])
+
+
+def test_a_team_admin_sees_no_other_teams_fleet_or_links() -> None:
+    ctx, _ = _ctx(visible=frozenset({"ml-a"}))
+    fleet = pages.fleet(ctx, {})
+    assert fleet["total"] == 3 and {r["team"] for r in fleet["rows"]} == {"ml-a"}
+    assert [t["id"] for t in fleet["teams"]] == ["ml-a"]
+    assert {r["team"] for r in pages.links(ctx, {})["rows"]} == {"ml-a"}
+    assert [t["team"] for t in pages.links(ctx, {})["per_team"]] == ["ml-a"]
+
+
+@pytest.mark.parametrize("name", ["fleet", "snapshots", "latency", "links", "sandboxes",
+                                  "audit"])
+def test_asking_for_another_team_by_name_is_refused(name: str) -> None:
+    ctx, _ = _ctx(visible=frozenset({"ml-a"}))
+    with pytest.raises(pages.NotYours, match="ml-b is not one of yours"):
+        pages.PAGES[name](ctx, {"team": "ml-b"})
+
+
+def test_sandbox_commands_and_repositories_are_shown_redacted() -> None:
+    data = _fleet_data()
+    data["sandboxes"] = {"sb-1": {
+        "team": "ml-a", "state": "FAILED", "requested_at": NOW,
+        "repository": "https://alice:ghp_s3cret@github.com/org/repo.git",
+        "command": "make test --token=s3cret", "message": "clone of "
+        "https://alice:ghp_s3cret@github.com/org/repo.git failed"}}
+    ctx, _ = _ctx(data)
+    row = pages.sandboxes(ctx, {})["rows"][0]
+    assert "s3cret" not in str(row)
+    assert row["repository"] == "https://***@github.com/org/repo.git"
+    assert row["command"] == "make test --token=***"

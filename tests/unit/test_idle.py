@@ -151,3 +151,38 @@ def test_signals_from_the_event_and_from_the_node_agent() -> None:
     quiet = Signals.from_activity({"busy_kernels": 0}, NOW)
     assert quiet.last_activity is None and quiet.observed_at == NOW
     assert evaluate(ws(running_for=2 * H), CPU, quiet, NOW).pause  # idle since it started
+
+
+# -- a GPU-idle alert of cluster monitoring is evidence about the GPU only --------------------
+def _alert(duty: float | None = 0.0, observed_ago: int = 30) -> Signals:
+    """What workspace.idle_detected with cause gpu_idle carries (last activity: when seen)."""
+    seen = NOW - timedelta(seconds=observed_ago)
+    return Signals(observed_at=seen, last_activity=seen, gpu_utilization=duty)
+
+
+def test_a_gpu_alert_needs_the_runtime_to_say_anything() -> None:
+    assert idle.corroborated(_alert(), None) is None
+    verdict = evaluate(ws(profile="gpu-small"), GPU, idle.corroborated(_alert(), None), NOW)
+    assert (verdict.pause, verdict.reason) == (False, IdleReason.NO_SIGNALS)
+
+
+def test_a_quiet_gpu_does_not_pause_a_busy_kernel_or_a_user_at_work() -> None:
+    running_cell = idle.corroborated(_alert(), sig(2 * H, busy=1))
+    assert evaluate(ws(profile="gpu-small"), GPU, running_cell, NOW).reason == IdleReason.BUSY
+    typing = idle.corroborated(_alert(), sig(3 * M))
+    assert evaluate(ws(profile="gpu-small"), GPU, typing, NOW).reason == IdleReason.ACTIVE
+
+
+def test_a_quiet_gpu_and_idle_kernels_pause_by_the_profiles_rule() -> None:
+    joined = idle.corroborated(_alert(), sig(2 * H))
+    assert joined is not None and joined.last_activity == NOW - timedelta(seconds=2 * H)
+    verdict = evaluate(ws(profile="gpu-small"), GPU, joined, NOW)
+    assert (verdict.pause, verdict.reason, verdict.rule) == (True, IdleReason.IDLE, 1)
+
+
+def test_the_gpu_is_busy_if_either_saw_it_busy_and_the_older_observation_counts() -> None:
+    assert idle.corroborated(_alert(duty=2.0), sig(2 * H, gpu=55.0)).gpu_utilization == 55.0
+    assert idle.corroborated(_alert(duty=40.0), sig(2 * H)).gpu_utilization == 40.0
+    assert idle.corroborated(_alert(duty=None), sig(2 * H)).gpu_utilization is None
+    stale = idle.corroborated(_alert(observed_ago=11 * M), sig(2 * H))
+    assert evaluate(ws(profile="gpu-small"), GPU, stale, NOW).reason == IdleReason.STALE_SIGNALS

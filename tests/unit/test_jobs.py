@@ -17,7 +17,6 @@ import pytest
 import yaml
 from crd_schemas import jobset_schema
 
-from functions.domain import jobset as js
 from functions.domain.catalog import Accelerator, Catalog, RefusalReason
 from functions.domain.jobs import (
     IllegalTransition,
@@ -30,6 +29,8 @@ from functions.domain.jobs import (
     submit,
 )
 from functions.domain.quota import Usage
+from functions.kubernetes.objects import jobset as js
+from functions.kubernetes.objects.hardware import GKE_TPU, GKE_TPU_TOPOLOGY
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples/stasis.yaml").read_text()))
@@ -225,8 +226,8 @@ def test_jobset_validates_against_the_crd_and_kubernetes(hosts: int, profile: An
     assert job["spec"]["completionMode"] == "Indexed"
     pod = job["spec"]["template"]["spec"]
     chips = str(profile.accelerator.count)
-    assert pod["nodeSelector"] == {js.TPU_ACCELERATOR: "tpu-v5-lite-podslice",
-                                   js.TPU_TOPOLOGY: topology or "2x4"}
+    assert pod["nodeSelector"] == {GKE_TPU: "tpu-v5-lite-podslice",
+                                   GKE_TPU_TOPOLOGY: topology or "2x4"}
     assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": chips}
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["TPU_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == js.COMPLETION_INDEX
@@ -257,3 +258,26 @@ def test_a_slice_that_does_not_add_up_is_refused(hosts: int, profile: Any,
                                                  topology: str | None, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         js.jobset(spec(hosts, profile, topology))
+
+
+def test_a_kubernetes_job_is_started_and_cancelled_by_its_decisions_a_local_one_is_not() -> None:
+    from functions.domain.jobs import CancelJob, StartJob
+
+    cluster = run(replace(request(runtime="kubernetes"), payload_uri="gs://b/p.pkl",
+                          topology="2x4", workspace_id="ml-a--nb"))
+    assert cluster.commands == (StartJob("job-1", "ml-a", "alice", "tpu-v5e-8", 1,
+                                         "gs://b/p.pkl", "2x4", "ml-a--nb"),)
+    [admitted] = cluster.events
+    assert (admitted.from_state, admitted.to_state, admitted.event_id) == (
+        None, "RUNNING", "job-1-running")
+    ended = finish(cluster.job, job_id="job-1", succeeded=False, termination="cancelled",
+                   exit_status=None, failed_host=None, error=None, log_uri=None,
+                   usage=cluster.usage, now=NOW)
+    assert ended.commands == (CancelJob("job-1", "ml-a"),)
+    assert [(e.from_state, e.to_state) for e in ended.events] == [("RUNNING", "CANCELLED")]
+    local = run(request())
+    assert local.commands == () and [e.to_state for e in local.events] == ["RUNNING"]
+    refused = run(request(hosts=2))
+    assert refused.commands == () and [e.to_state for e in refused.events] == ["REFUSED"]
+    assert refused.outcome() == {"accepted": False, "reason": refused.reason,
+                                 "message": refused.message, "state": "REFUSED"}

@@ -15,8 +15,11 @@ import pytest
 import yaml
 from crd_schemas import jobset_schema
 
-from functions.domain import jobset as js
 from functions.domain.catalog import Catalog
+from functions.kubernetes.objects import jobset as js
+from functions.kubernetes.objects.meta import ANN_REQUESTID, ANN_SUBMITTED_AT
+from functions.kubernetes.objects.settings import ClusterSettings
+from functions.kubernetes.objects.workspace import shape_of, workspace_pod
 from runtime.kubernetes.job_host import host_index, split_uri, traceback_of
 from stasis.jobs import _chunk_order
 
@@ -42,7 +45,7 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
 ])
 def test_cpu_and_gpu_jobsets_validate(profile: str, source_image: str | None) -> None:
     obj = js.jobset(spec(profile, source_image=source_image,
-                         annotations={js.ANN_REQUESTID: "r-1"}))
+                         annotations={ANN_REQUESTID: "r-1"}))
     jsonschema.validate(obj, jobset_schema())
     job = obj["spec"]["replicatedJobs"][0]["template"]  # type: ignore[index]
     kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job",
@@ -92,7 +95,7 @@ def test_object_names_sort_in_order() -> None:
 
 
 def jobset_with(status: dict[str, Any], submitted_ms: int | None = MS) -> dict[str, Any]:
-    annotations = {js.ANN_SUBMITTED_AT: str(submitted_ms)} if submitted_ms else {}
+    annotations = {ANN_SUBMITTED_AT: str(submitted_ms)} if submitted_ms else {}
     return {"metadata": {"name": "job-1", "annotations": annotations}, "status": status}
 
 
@@ -200,17 +203,16 @@ def test_a_workspace_pod_tells_its_kernels_how_to_submit_jobs() -> None:
     """``stasis.jobs`` in a workspace on the cluster picks the kubernetes path and finds
     the control plane and the bucket in the kernel's environment."""
     from functions.domain import admission
-    from functions.domain import manifests as m
 
-    settings = m.ClusterSettings(workspace_env={"STASIS_PROJECT": "p",
+    settings = ClusterSettings(workspace_env={"STASIS_PROJECT": "p",
                                                 "STASIS_SNAPSHOT_BUCKET": "b"})
     entry = CATALOG.ides["jupyterlab"]
-    shape = m.shape_of(workspace_id="ml-a--nb", team="ml-a", owner="alice", ide="jupyterlab",
-                       environment=admission.environment_of(CATALOG, "python-3-11"),
-                       profile=admission.profile_of(CATALOG, "cpu-small"), settings=settings,
-                       ide_kind=str(entry.kind), ide_image=entry.image,
-                       disk={"size": "10Gi", "storage_class": "standard-rwo-cmek"})
-    pod = m.workspace_pod(shape, settings, requestid="r", requested_at_ms=1)
+    shape = shape_of(workspace_id="ml-a--nb", team="ml-a", owner="alice", ide="jupyterlab",
+                     environment=admission.environment_of(CATALOG, "python-3-11"),
+                     profile=admission.profile_of(CATALOG, "cpu-small"), settings=settings,
+                     ide_kind=str(entry.kind), ide_image=entry.image,
+                     disk={"size": "10Gi", "storage_class": "standard-rwo-cmek"})
+    pod = workspace_pod(shape, settings, requestid="r", requested_at_ms=1)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert (env["STASIS_RUNTIME"], env["STASIS_PROJECT"], env["STASIS_SNAPSHOT_BUCKET"]) == (
         "kubernetes", "p", "b")

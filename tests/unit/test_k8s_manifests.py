@@ -1,4 +1,4 @@
-"""The Kubernetes builders (``functions/domain/manifests.py``): every object they produce is
+"""The Kubernetes builders (``functions/kubernetes/objects/``): every object they produce is
 valid for the Kubernetes API (the OpenAPI schema of a recent release, strict: an unknown
 field fails) or for the transcribed Pod Snapshot CRDs, and says what Stasis means."""
 
@@ -19,9 +19,62 @@ import yaml
 from crd_schemas import strict
 
 from functions.domain import admission
-from functions.domain import manifests as m
 from functions.domain.catalog import Catalog, Quotas
-from functions.domain.slugs import is_dns1035, is_label
+from functions.kubernetes.objects.hardware import Hardware
+from functions.kubernetes.objects.meta import (
+    ANN_ACCELERATOR,
+    ANN_ACCELERATOR_COUNT,
+    ANN_RESTORE_REQUEST,
+    LABEL_METHOD,
+    MANAGED_BY,
+    STASIS,
+    json_annotation,
+)
+from functions.kubernetes.objects.monitor import monitor_manifests
+from functions.kubernetes.objects.names import is_dns1035, is_label, team_of
+from functions.kubernetes.objects.podsnapshot import (
+    PODSNAPSHOT_API,
+    POLICY_NAME,
+    PS_NAME_ANNOTATION,
+    Outcome,
+    podsnapshot_outcome,
+    snapshot_policy,
+    snapshot_storage_config,
+    trigger_outcome,
+)
+from functions.kubernetes.objects.rbac import (
+    WORKSPACE_MANAGER_ROLE,
+    control_plane_rbac,
+    team_role_binding,
+)
+from functions.kubernetes.objects.settings import ClusterSettings
+from functions.kubernetes.objects.snapshot import (
+    SnapshotHardware,
+    hardware_of_record,
+    manual_trigger,
+    restore_refusal,
+    snapshot_record,
+)
+from functions.kubernetes.objects.status import pod_failure, pod_ready
+from functions.kubernetes.objects.team import (
+    resource_quota,
+    team_namespace,
+    team_service_account,
+)
+from functions.kubernetes.objects.workspace import (
+    HOME,
+    RUNTIME_DIR,
+    Restore,
+    WorkspaceShape,
+    encrypted_storage_class,
+    home_pvc,
+    network_policy,
+    shape_of,
+    token_secret,
+    workspace_names,
+    workspace_pod,
+    workspace_service,
+)
 
 K8S_VERSION = "1.35"  # GKE's regular channel as of this writing; shipped by kubernetes-validate
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,18 +84,18 @@ SUBJECT = {"kind": "User", "name": "fn@example-project.iam.gserviceaccount.com",
            "apiGroup": "rbac.authorization.k8s.io"}
 
 
-DEFAULTS = m.ClusterSettings()
+DEFAULTS = ClusterSettings()
 
 
 def shape(profile: str = "cpu-small", *, ide: str = "jupyterlab", workspace: str = "ml-a--nb",
-          settings: m.ClusterSettings = DEFAULTS) -> m.WorkspaceShape:
+          settings: ClusterSettings = DEFAULTS) -> WorkspaceShape:
     """The shape the adapter builds: the spec's mappings plus the catalog's disk and IDE."""
     entry, disk = CATALOG.ides[ide], CATALOG.profiles[profile].disk
-    return m.shape_of(workspace_id=workspace, team=m.team_of(workspace), owner="alice", ide=ide,
-                      environment=admission.environment_of(CATALOG, "python-3-11"),
-                      profile=admission.profile_of(CATALOG, profile), settings=settings,
-                      ide_kind=str(entry.kind), ide_image=entry.image,
-                      disk={"size": disk.size, "storage_class": disk.storage_class})
+    return shape_of(workspace_id=workspace, team=team_of(workspace), owner="alice", ide=ide,
+                    environment=admission.environment_of(CATALOG, "python-3-11"),
+                    profile=admission.profile_of(CATALOG, profile), settings=settings,
+                    ide_kind=str(entry.kind), ide_image=entry.image,
+                    disk={"size": disk.size, "storage_class": disk.storage_class})
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -56,7 +109,7 @@ def _schemas_read_once() -> Iterator[None]:
 
 def validate(obj: dict[str, Any]) -> None:
     """Kubernetes objects against the OpenAPI schema, CRD objects against their CRD."""
-    if obj["apiVersion"] == m.PODSNAPSHOT_API:
+    if obj["apiVersion"] == PODSNAPSHOT_API:
         crd = CRDS["kinds"][obj["kind"]]
         jsonschema.validate(obj, strict(crd["openAPIV3Schema"], any_metadata=True),
                             format_checker=jsonschema.FormatChecker())
@@ -72,43 +125,43 @@ def validate(obj: dict[str, Any]) -> None:
 
 def every_object() -> Iterator[tuple[str, dict[str, Any]]]:
     """Every builder, for every profile of the example catalog, IDE and method."""
-    kernel_only = m.ClusterSettings(pod_snapshots=False)
-    yield "namespace", m.team_namespace("ml-a")
-    yield "service account", m.team_service_account(
+    kernel_only = ClusterSettings(pod_snapshots=False)
+    yield "namespace", team_namespace("ml-a")
+    yield "service account", team_service_account(
         "ml-a", gcp_service_account="ws@example-project.iam.gserviceaccount.com")
-    yield "quota", m.resource_quota("ml-a", CATALOG.teams["ml-a"].quotas)
-    yield "role binding", m.team_role_binding("ml-a", SUBJECT)
-    yield "storage config", m.snapshot_storage_config("ml-a", "stasis-snapshots",
-                                                      team_prefix="snapshots/ml-a")
-    yield "policy", m.snapshot_policy("ml-a", m.ClusterSettings(pod_snapshot_retention="30d"))
-    yield "storage class", m.encrypted_storage_class(
+    yield "quota", resource_quota("ml-a", CATALOG.teams["ml-a"].quotas)
+    yield "role binding", team_role_binding("ml-a", SUBJECT)
+    yield "storage config", snapshot_storage_config("ml-a", "stasis-snapshots",
+                                                    team_prefix="snapshots/ml-a")
+    yield "policy", snapshot_policy("ml-a", ClusterSettings(pod_snapshot_retention="30d"))
+    yield "storage class", encrypted_storage_class(
         "standard-rwo-cmek", "projects/p/locations/us/keyRings/stasis/cryptoKeys/homes")
-    for i, obj in enumerate([*m.control_plane_rbac(SUBJECT),
-                             *m.monitor_manifests(project="example-project",
-                                                  gcp_service_account="mon@p.iam")]):
+    for i, obj in enumerate([*control_plane_rbac(SUBJECT),
+                             *monitor_manifests(project="example-project",
+                                                gcp_service_account="mon@p.iam")]):
         yield f"cluster {i} {obj['kind']}", obj
     for profile in CATALOG.profiles:
         for ide in CATALOG.ides:
-            for settings in (m.ClusterSettings(), kernel_only):
+            for settings in (ClusterSettings(), kernel_only):
                 s = shape(profile, ide=ide, settings=settings)
                 label = f"{profile}/{ide}/{s.method}"
-                yield f"{label} pvc", m.home_pvc(s, settings)
-                yield f"{label} secret", m.token_secret(s, "t0k3n", settings)
-                yield f"{label} pod", m.workspace_pod(s, settings, requestid="r1",
-                                                      requested_at_ms=1)
-                restore = m.Restore("snap-1", s.method, ps_name="ps-123", bucket="b",
-                                    prefix="snapshots/ml-a/ml-a--nb/snap-1")
-                yield f"{label} restored pod", m.workspace_pod(
+                yield f"{label} pvc", home_pvc(s, settings)
+                yield f"{label} secret", token_secret(s, "t0k3n", settings)
+                yield f"{label} pod", workspace_pod(s, settings, requestid="r1",
+                                                    requested_at_ms=1)
+                restore = Restore("snap-1", s.method, ps_name="ps-123", bucket="b",
+                                  prefix="snapshots/ml-a/ml-a--nb/snap-1")
+                yield f"{label} restored pod", workspace_pod(
                     s, settings, requestid="r2", requested_at_ms=2, restore=restore)
-                yield f"{label} service", m.workspace_service(s, settings)
-                yield f"{label} network policy", m.network_policy(s, settings)
-                yield f"{label} network policy with function ranges", m.network_policy(
+                yield f"{label} service", workspace_service(s, settings)
+                yield f"{label} network policy", network_policy(s, settings)
+                yield f"{label} network policy with function ranges", network_policy(
                     s, replace(settings, function_cidrs=("10.10.0.0/20",)))
-                yield f"{label} trigger", m.manual_trigger(s, "snap-1", requestid="r3",
-                                                           requested_at_ms=3,
-                                                           settings=settings)
-                yield f"{label} record", m.snapshot_record(s, "snap-1", requested_at_ms=3,
-                                                           settings=settings)
+                yield f"{label} trigger", manual_trigger(s, "snap-1", requestid="r3",
+                                                         requested_at_ms=3,
+                                                         settings=settings)
+                yield f"{label} record", snapshot_record(s, "snap-1", requested_at_ms=3,
+                                                         settings=settings)
 
 
 OBJECTS = list(every_object())
@@ -120,11 +173,11 @@ def test_every_object_is_valid(what: str, obj: dict[str, Any]) -> None:
 
 
 def test_validation_is_strict_an_unknown_field_fails() -> None:
-    pod = m.workspace_pod(shape(), requestid="r", requested_at_ms=1)
+    pod = workspace_pod(shape(), requestid="r", requested_at_ms=1)
     pod["spec"]["containers"][0]["resource"] = {}  # a typo of "resources"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(pod)
-    trigger = m.manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1)
+    trigger = manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1)
     trigger["spec"]["target_pod"] = "x"
     with pytest.raises(jsonschema.ValidationError):
         validate(trigger)
@@ -135,12 +188,12 @@ def test_the_crd_transcription_accepts_what_gke_reports() -> None:
     status = {"conditions": [{"type": "Triggered", "status": "True", "reason": "Complete",
                               "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
               "snapshotCreated": {"name": "0f9c"}}
-    trigger = {**m.manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1),
+    trigger = {**manual_trigger(shape("gpu-small"), "s", requestid="r", requested_at_ms=1),
                "status": status}
     validate(trigger)
-    snapshot = {"apiVersion": m.PODSNAPSHOT_API, "kind": "PodSnapshot",
+    snapshot = {"apiVersion": PODSNAPSHOT_API, "kind": "PodSnapshot",
                 "metadata": {"name": "0f9c", "namespace": "stasis-ml-a"},
-                "spec": {"policyName": m.POLICY_NAME},
+                "spec": {"policyName": POLICY_NAME},
                 "status": {"conditions": [{"type": "Ready", "status": "True",
                                            "reason": "AllSnapshotsAvailable", "message": "",
                                            "lastTransitionTime": "2026-01-01T00:00:09Z"}],
@@ -154,7 +207,7 @@ def test_the_crd_transcription_accepts_what_gke_reports() -> None:
 
 def test_gpu_pod_on_gke_with_pod_snapshots() -> None:
     s = shape("gpu-small")
-    pod = m.workspace_pod(s, requestid="req-1", requested_at_ms=1700)
+    pod = workspace_pod(s, requestid="req-1", requested_at_ms=1700)
     spec = pod["spec"]
     assert s.method == "pod"
     assert spec["runtimeClassName"] == "gvisor"
@@ -178,18 +231,18 @@ def test_gpu_pod_on_gke_with_pod_snapshots() -> None:
     assert "initContainers" not in spec  # no kernel agent install: GKE snapshots the pod
     assert [c["name"] for c in spec["containers"]] == ["workspace", "snapshot-agent"]
     annotations = pod["metadata"]["annotations"]
-    assert annotations[m.ANN_ACCELERATOR] == "nvidia-l4"
-    assert annotations[m.ANN_ACCELERATOR_COUNT] == "1"
-    assert pod["metadata"]["labels"][m.LABEL_METHOD] == "pod"
+    assert annotations[ANN_ACCELERATOR] == "nvidia-l4"
+    assert annotations[ANN_ACCELERATOR_COUNT] == "1"
+    assert pod["metadata"]["labels"][LABEL_METHOD] == "pod"
     # The token is never in the spec, only referenced.
     assert "t0k3n" not in json.dumps(pod)
     env = {e["name"]: e for e in workspace["env"]}
     assert env["JUPYTER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
-    assert env["PYTHONUSERBASE"]["value"].startswith(m.HOME)
+    assert env["PYTHONUSERBASE"]["value"].startswith(HOME)
 
 
 def test_tpu_on_demand_with_a_reservation() -> None:
-    spec = m.workspace_pod(shape("tpu-v5e-8"), requestid="r", requested_at_ms=1)["spec"]
+    spec = workspace_pod(shape("tpu-v5e-8"), requestid="r", requested_at_ms=1)["spec"]
     assert spec["containers"][0]["resources"]["requests"]["google.com/tpu"] == "8"
     assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "8"
     assert spec["nodeSelector"] == {
@@ -205,29 +258,29 @@ def test_tpu_on_demand_with_a_reservation() -> None:
 
 def test_kernel_method_runs_the_agent_with_the_kernels_connection_files() -> None:
     s = shape("cpu-small")
-    spec = m.workspace_pod(s, requestid="r", requested_at_ms=1)["spec"]
+    spec = workspace_pod(s, requestid="r", requested_at_ms=1)["spec"]
     assert s.method == "kernel" and "runtimeClassName" not in spec
     workspace, agent = spec["containers"]
-    assert agent["image"] == m.ClusterSettings().agent_image
+    assert agent["image"] == ClusterSettings().agent_image
     assert agent["command"] == ["python", "-m", "runtime.kubernetes.sidecar"]
-    assert {"name": "jupyter-runtime", "mountPath": m.RUNTIME_DIR} in agent["volumeMounts"]
-    assert {"name": "jupyter-runtime", "mountPath": m.RUNTIME_DIR} in workspace["volumeMounts"]
+    assert {"name": "jupyter-runtime", "mountPath": RUNTIME_DIR} in agent["volumeMounts"]
+    assert {"name": "jupyter-runtime", "mountPath": RUNTIME_DIR} in workspace["volumeMounts"]
     assert {"name": "stasis-lib", "mountPath": "/opt/stasis", "readOnly": True} \
         in workspace["volumeMounts"]
     assert spec["initContainers"][0]["command"][-2:] == ["install", "/stasis-lib"]
 
 
 def test_a_pod_profile_falls_back_to_the_kernel_agent_without_pod_snapshots() -> None:
-    s = shape("gpu-small", settings=m.ClusterSettings(pod_snapshots=False))
+    s = shape("gpu-small", settings=ClusterSettings(pod_snapshots=False))
     assert s.method == "kernel"
-    spec = m.workspace_pod(s, m.ClusterSettings(pod_snapshots=False), requestid="r",
-                           requested_at_ms=1)["spec"]
+    spec = workspace_pod(s, ClusterSettings(pod_snapshots=False), requestid="r",
+                         requested_at_ms=1)["spec"]
     assert "runtimeClassName" not in spec
 
 
 def test_vscode_runs_code_server_from_the_ides_image() -> None:
-    workspace = m.workspace_pod(shape(ide="vscode"), requestid="r",
-                                requested_at_ms=1)["spec"]["containers"][0]
+    workspace = workspace_pod(shape(ide="vscode"), requestid="r",
+                              requested_at_ms=1)["spec"]["containers"][0]
     assert workspace["image"] == "us-docker.pkg.dev/example-project/stasis/code-server:4.96.2"
     assert workspace["command"] == ["code-server"]
     assert any(e["name"] == "PASSWORD" for e in workspace["env"])
@@ -235,37 +288,39 @@ def test_vscode_runs_code_server_from_the_ides_image() -> None:
 
 def test_restore_recreates_the_identical_pod_pinned_to_the_snapshot() -> None:
     s = shape("gpu-small")
-    first = m.workspace_pod(s, requestid="r1", requested_at_ms=1)
-    again = m.workspace_pod(s, requestid="r2", requested_at_ms=2,
-                            restore=m.Restore("snap-1", "pod", ps_name="0f9c"))
+    first = workspace_pod(s, requestid="r1", requested_at_ms=1)
+    again = workspace_pod(s, requestid="r2", requested_at_ms=2,
+                          restore=Restore("snap-1", "pod", ps_name="0f9c"))
     assert again["spec"] == first["spec"]
     assert again["metadata"]["name"] == first["metadata"]["name"]
-    assert again["metadata"]["annotations"][m.PS_NAME_ANNOTATION] == "0f9c"
-    assert m.PS_NAME_ANNOTATION not in first["metadata"]["annotations"]
+    assert again["metadata"]["annotations"][PS_NAME_ANNOTATION] == "0f9c"
+    assert PS_NAME_ANNOTATION not in first["metadata"]["annotations"]
     with pytest.raises(ValueError):
-        m.workspace_pod(s, requestid="r", requested_at_ms=1, restore=m.Restore("s", "pod"))
+        workspace_pod(s, requestid="r", requested_at_ms=1, restore=Restore("s", "pod"))
 
 
 def test_kernel_restore_is_asked_for_on_the_pod() -> None:
-    pod = m.workspace_pod(shape(), requestid="r2", requested_at_ms=2,
-                          restore=m.Restore("snap-1", "kernel", bucket="b", prefix="p/snap-1"))
-    assert m.json_annotation(pod, m.ANN_RESTORE_REQUEST) == {
-        "snapshot_id": "snap-1", "bucket": "b", "prefix": "p/snap-1", "requestid": "r2"}
+    pod = workspace_pod(shape(), requestid="r2", requested_at_ms=2,
+                        restore=Restore("snap-1", "kernel", bucket="b", prefix="p/snap-1",
+                                        manifest_sha256="ab" * 32))
+    assert json_annotation(pod, ANN_RESTORE_REQUEST) == {
+        "snapshot_id": "snap-1", "bucket": "b", "prefix": "p/snap-1", "requestid": "r2",
+        "manifest_sha256": "ab" * 32, "device_arrays_to_cpu": False}
 
 
 def test_home_pvc_uses_the_profiles_storage_class_or_the_encrypted_default() -> None:
-    assert m.home_pvc(shape("gpu-small"))["spec"] == {
+    assert home_pvc(shape("gpu-small"))["spec"] == {
         "accessModes": ["ReadWriteOnce"], "storageClassName": "premium-rwo-cmek",
         "resources": {"requests": {"storage": "50Gi"}}}
-    bare = m.shape_of(workspace_id="ml-a--x", team="ml-a", owner="a", ide="jupyterlab",
-                      environment={"id": "e", "image": "img"}, profile={"id": "p", "cpu": 1})
+    bare = shape_of(workspace_id="ml-a--x", team="ml-a", owner="a", ide="jupyterlab",
+                    environment={"id": "e", "image": "img"}, profile={"id": "p", "cpu": 1})
     assert bare.storage_class == "standard-rwo-cmek" and bare.home_size == "10Gi"
-    storage_class = m.encrypted_storage_class("standard-rwo-cmek", "projects/p/k")
+    storage_class = encrypted_storage_class("standard-rwo-cmek", "projects/p/k")
     assert storage_class["parameters"]["disk-encryption-kms-key"] == "projects/p/k"
 
 
 def test_quota_comes_from_the_teams_catalog_quota() -> None:
-    quota = m.resource_quota("ml-b", Quotas(workspaces=4, gpus=1, tpus=0, snapshot_bytes=1))
+    quota = resource_quota("ml-b", Quotas(workspaces=4, gpus=1, tpus=0, snapshot_bytes=1))
     assert quota["metadata"]["namespace"] == "stasis-ml-b"
     assert quota["spec"]["hard"] == {"pods": "4", "persistentvolumeclaims": "4",
                                      "requests.nvidia.com/gpu": "1",
@@ -273,25 +328,25 @@ def test_quota_comes_from_the_teams_catalog_quota() -> None:
 
 
 def test_pod_snapshot_objects_point_at_the_teams_bucket_prefix() -> None:
-    config = m.snapshot_storage_config("ml-a", "stasis-snapshots", team_prefix="snapshots/ml-a")
+    config = snapshot_storage_config("ml-a", "stasis-snapshots", team_prefix="snapshots/ml-a")
     assert "namespace" not in config["metadata"]  # cluster-scoped
     assert config["spec"] == {"snapshotStorageConfig": {"gcs": {
         "bucket": "stasis-snapshots", "path": "snapshots/ml-a/pod"}}}
-    policy = m.snapshot_policy("ml-a")
+    policy = snapshot_policy("ml-a")
     assert policy["spec"] == {"storageConfigName": config["metadata"]["name"],
-                              "selector": {"matchLabels": {m.MANAGED_BY: m.STASIS,
-                                                           m.LABEL_METHOD: "pod"}},
+                              "selector": {"matchLabels": {MANAGED_BY: STASIS,
+                                                           LABEL_METHOD: "pod"}},
                               "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}
     s = shape("gpu-small")
-    trigger = m.manual_trigger(s, "snap-1", requestid="r", requested_at_ms=5)
-    assert trigger["spec"] == {"targetPod": m.workspace_names("ml-a", "ml-a--nb").pod}
+    trigger = manual_trigger(s, "snap-1", requestid="r", requested_at_ms=5)
+    assert trigger["spec"] == {"targetPod": workspace_names("ml-a", "ml-a--nb").pod}
     # The policy selects the pods it must snapshot.
-    labels = m.workspace_pod(s, requestid="r", requested_at_ms=1)["metadata"]["labels"]
+    labels = workspace_pod(s, requestid="r", requested_at_ms=1)["metadata"]["labels"]
     assert policy["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_network_policy_lets_only_the_system_namespace_in() -> None:
-    spec = m.network_policy(shape())["spec"]
+    spec = network_policy(shape())["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     ide, agent = spec["ingress"]
     assert ide["ports"] == [{"protocol": "TCP", "port": 8888}]
@@ -300,15 +355,15 @@ def test_network_policy_lets_only_the_system_namespace_in() -> None:
 
 
 def test_the_functions_egress_range_reaches_the_ide_port_only() -> None:
-    settings = m.ClusterSettings(function_cidrs=("10.10.0.0/20",))
-    ide, agent = m.network_policy(shape(settings=settings), settings)["spec"]["ingress"]
+    settings = ClusterSettings(function_cidrs=("10.10.0.0/20",))
+    ide, agent = network_policy(shape(settings=settings), settings)["spec"]["ingress"]
     assert {"ipBlock": {"cidr": "10.10.0.0/20"}} in ide["from"]
     assert ide["ports"] == [{"protocol": "TCP", "port": 8888}]
     assert all("ipBlock" not in peer for peer in agent["from"])
 
 
 def test_rbac_is_verb_minimal_and_has_no_wildcards() -> None:
-    objects = [*m.control_plane_rbac(SUBJECT), *m.monitor_manifests(project="p")]
+    objects = [*control_plane_rbac(SUBJECT), *monitor_manifests(project="p")]
     rules = [r for o in objects for r in o.get("rules", [])]
     assert rules
     for rule in rules:
@@ -317,14 +372,15 @@ def test_rbac_is_verb_minimal_and_has_no_wildcards() -> None:
     monitor_role = next(o for o in objects if o["kind"] == "ClusterRole"
                         and o["metadata"]["name"] == "stasis-monitor")
     assert {v for r in monitor_role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
-    bind = next(r for r in rules if "bind" in r["verbs"])
-    assert bind["resourceNames"] == [m.WORKSPACE_MANAGER_ROLE]
-    binding = m.team_role_binding("ml-a", SUBJECT)
+    # nothing that grants rights: no RoleBinding, no bind (tests/unit/test_k8s_rbac.py)
+    assert not any("bind" in r["verbs"] or "rolebindings" in r["resources"] for r in rules)
+    assert any(o["metadata"]["name"] == WORKSPACE_MANAGER_ROLE for o in objects)
+    binding = team_role_binding("ml-a", SUBJECT)
     assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == "stasis-ml-a"
 
 
 def test_monitor_deployment() -> None:
-    deployment = m.monitor_manifests(project="example-project")[-1]
+    deployment = monitor_manifests(project="example-project")[-1]
     assert deployment["kind"] == "Deployment"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "runtime.kubernetes.monitor"]
@@ -332,24 +388,24 @@ def test_monitor_deployment() -> None:
 
 
 def test_namespaces_enforce_restricted_pod_security() -> None:
-    labels = m.team_namespace("ml-a")["metadata"]["labels"]
+    labels = team_namespace("ml-a")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 # -- resume only onto the same kind ------------------------------------------------------
 
 
-L4 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=1)
-L4x2 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=2)
-A100 = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-tesla-a100",
-                  accelerator_count=1)
-TPU = m.Hardware(cpu_millis=4000, memory="16Gi", accelerator="tpu-v5-lite-podslice",
-                 accelerator_count=8, topology="2x4")
-CPU = m.Hardware(cpu_millis=1000, memory="2Gi")
-POD_L4 = m.SnapshotHardware("pod", "nvidia-l4", 1)
-KERNEL_L4 = m.SnapshotHardware("kernel", "nvidia-l4", 1)
-KERNEL_TPU = m.SnapshotHardware("kernel", "tpu-v5-lite-podslice", 8)
-KERNEL_CPU = m.SnapshotHardware("kernel")
+L4 = Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=1)
+L4x2 = Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-l4", accelerator_count=2)
+A100 = Hardware(cpu_millis=4000, memory="16Gi", accelerator="nvidia-tesla-a100",
+                accelerator_count=1)
+TPU = Hardware(cpu_millis=4000, memory="16Gi", accelerator="tpu-v5-lite-podslice",
+               accelerator_count=8, topology="2x4")
+CPU = Hardware(cpu_millis=1000, memory="2Gi")
+POD_L4 = SnapshotHardware("pod", "nvidia-l4", 1)
+KERNEL_L4 = SnapshotHardware("kernel", "nvidia-l4", 1)
+KERNEL_TPU = SnapshotHardware("kernel", "tpu-v5-lite-podslice", 8)
+KERNEL_CPU = SnapshotHardware("kernel")
 
 
 @pytest.mark.parametrize(("snapshot", "target", "method", "refused"), [
@@ -358,8 +414,8 @@ KERNEL_CPU = m.SnapshotHardware("kernel")
     (POD_L4, A100, "pod", "has 1 x nvidia-tesla-a100"),
     (POD_L4, CPU, "pod", "has no accelerator"),
     (POD_L4, L4, "kernel", "does not use Pod Snapshots"),
-    (m.SnapshotHardware("pod"), CPU, "pod", None),
-    (m.SnapshotHardware("pod"), L4, "pod", "has 1 x nvidia-l4"),
+    (SnapshotHardware("pod"), CPU, "pod", None),
+    (SnapshotHardware("pod"), L4, "pod", "has 1 x nvidia-l4"),
     (KERNEL_L4, L4, "kernel", None),
     (KERNEL_L4, A100, "kernel", None),  # another GPU type: the same kind
     (KERNEL_L4, L4x2, "pod", None),
@@ -370,9 +426,9 @@ KERNEL_CPU = m.SnapshotHardware("kernel")
     (KERNEL_CPU, L4, "kernel", None),
     (KERNEL_CPU, CPU, "kernel", None),
 ])
-def test_resume_only_targets_the_same_kind(snapshot: m.SnapshotHardware, target: m.Hardware,
+def test_resume_only_targets_the_same_kind(snapshot: SnapshotHardware, target: Hardware,
                                            method: str, refused: str | None) -> None:
-    refusal = m.restore_refusal(snapshot, target, method)
+    refusal = restore_refusal(snapshot, target, method)
     if refused is None:
         assert refusal is None
     else:
@@ -380,11 +436,11 @@ def test_resume_only_targets_the_same_kind(snapshot: m.SnapshotHardware, target:
 
 
 def test_a_gpu_snapshot_records_accelerator_type_and_count() -> None:
-    record = m.snapshot_record(shape("gpu-small"), "snap-1", requested_at_ms=9)
+    record = snapshot_record(shape("gpu-small"), "snap-1", requested_at_ms=9)
     assert record["data"]["accelerator"] == "nvidia-l4"
     assert record["data"]["accelerator_count"] == "1"
-    assert m.hardware_of_record(record["data"]) == POD_L4
-    assert m.hardware_of_record(m.snapshot_record(shape(), "s", requested_at_ms=1)["data"]) \
+    assert hardware_of_record(record["data"]) == POD_L4
+    assert hardware_of_record(snapshot_record(shape(), "s", requested_at_ms=1)["data"]) \
         == KERNEL_CPU
 
 
@@ -397,36 +453,36 @@ def _cond(kind: str, status: str, reason: str, message: str = "") -> dict[str, s
 
 
 def test_trigger_outcomes() -> None:
-    assert m.trigger_outcome({}).state == "pending"
+    assert trigger_outcome({}).state == "pending"
     done = {"status": {"conditions": [_cond("Triggered", "True", "Complete")],
                        "snapshotCreated": {"name": "ps-1"}}}
-    assert m.trigger_outcome(done) == m.Outcome("succeeded", name="ps-1",
-                                                finished_at="2026-01-01T00:00:05Z")
+    assert trigger_outcome(done) == Outcome("succeeded", name="ps-1",
+                                            finished_at="2026-01-01T00:00:05Z")
     failed = {"status": {"conditions": [_cond("Triggered", "False", "Failed", "no gVisor")]}}
-    assert m.trigger_outcome(failed).state == "failed"
-    assert m.trigger_outcome(failed).message == "no gVisor"
+    assert trigger_outcome(failed).state == "failed"
+    assert trigger_outcome(failed).message == "no gVisor"
 
 
 def test_podsnapshot_outcomes() -> None:
     ready = {"metadata": {"name": "ps-1"}, "status": {
         "conditions": [_cond("Ready", "True", "AllSnapshotsAvailable")],
         "storageStatus": {"gcs": {"observedGCSPath": "gs://b/p/ps-1"}}}}
-    assert m.podsnapshot_outcome(ready).state == "succeeded"
-    assert m.podsnapshot_outcome(ready).uri == "gs://b/p/ps-1"
+    assert podsnapshot_outcome(ready).state == "succeeded"
+    assert podsnapshot_outcome(ready).uri == "gs://b/p/ps-1"
     broken = {"status": {"conditions": [_cond("StorageReplicated", "False", "Failed", "403")]}}
-    assert m.podsnapshot_outcome(broken).state == "failed"
-    assert m.podsnapshot_outcome({"status": {}}).state == "pending"
+    assert podsnapshot_outcome(broken).state == "failed"
+    assert podsnapshot_outcome({"status": {}}).state == "pending"
 
 
 def test_pod_failures_and_readiness() -> None:
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    assert m.pod_ready(ready)
-    assert not m.pod_ready({**ready, "metadata": {"deletionTimestamp": "x"}})
+    assert pod_ready(ready)
+    assert not pod_ready({**ready, "metadata": {"deletionTimestamp": "x"}})
     pulling = {"status": {"containerStatuses": [
         {"name": "workspace", "state": {"waiting": {"reason": "ImagePullBackOff",
                                                     "message": "not found"}}}]}}
-    assert m.pod_failure(pulling) == "container workspace cannot start: ImagePullBackOff: " \
+    assert pod_failure(pulling) == "container workspace cannot start: ImagePullBackOff: " \
                                      "not found"
     creating = {"status": {"containerStatuses": [
         {"name": "workspace", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
-    assert m.pod_failure(creating) is None
+    assert pod_failure(creating) is None

@@ -1,5 +1,5 @@
 """Sandboxes on Kubernetes, the pure parts: what a sandbox Pod's end means
-(``sandbox_manifests.pod_outcome``), the files of a patch, which repositories a cluster
+(``objects.sandbox.pod_outcome``), the files of a patch, which repositories a cluster
 can fetch, and what the Pod keeps from the task."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from functions.adapters.kubernetes_sandbox_runtime import git_url_problem
-from functions.domain import sandbox_manifests as sm
 from functions.domain.sandboxes import DEFAULT_LIMITS, RunSpec
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.objects.meta import ANN_SEQUENCE
+from functions.kubernetes.objects.settings import SandboxClusterSettings
+from functions.kubernetes.sandboxes import git_url_problem
 
 SPEC = RunSpec("sbx-7", "ml-a", "https://example.org/r.git", "main", "make test",
                DEFAULT_LIMITS, (), "req-7", "stasis-snapshots", "sandboxes/ml-a/sbx-7")
@@ -116,7 +118,7 @@ def test_the_pod_keeps_its_private_volume_and_dns_from_the_task() -> None:
     assert spec["hostAliases"] == [{"ip": "199.36.153.8", "hostnames": ["storage.googleapis.com"]}]
     assert sm.sandbox_dns_policy(SPEC) is None  # nothing resolves names: no DNS egress
     bare = sm.sandbox_pod(SPEC, "b" * 40, dataclasses.replace(
-        sm.SandboxClusterSettings(), runtime_class=None, transfer_host_aliases=()))
+        SandboxClusterSettings(), runtime_class=None, transfer_host_aliases=()))
     assert "runtimeClassName" not in bare["spec"] and "hostAliases" not in bare["spec"]
     assert sm.network_description(SPEC).startswith("none: default-deny NetworkPolicy")
 
@@ -127,7 +129,7 @@ def test_a_suspension_snapshots_the_pod_and_the_restored_pod_is_identical() -> N
     assert trigger["kind"] == "PodSnapshotManualTrigger"
     assert trigger["spec"] == {"targetPod": sm.object_name("sbx-7")}
     assert trigger["metadata"]["name"] != sm.snapshot_trigger_name("sbx-7", 1)
-    assert trigger["metadata"]["annotations"][sm.ANN_SEQUENCE] == "2"
+    assert trigger["metadata"]["annotations"][ANN_SEQUENCE] == "2"
     assert sm.suspension_requestid("req-7", 2) == "req-7.suspend-2"
     restored = sm.restored_pod(SPEC, "b" * 40, "ps-1")
     assert restored["metadata"]["annotations"].pop("podsnapshot.gke.io/ps-name") == "ps-1"

@@ -26,16 +26,20 @@ from events import (
     SnapshotFinished,
     WorkspaceDeleteRequested,
     WorkspacePauseRequested,
+    WorkspacePreempted,
     WorkspaceReady,
     WorkspaceRequested,
     WorkspaceResumeRequested,
+    WorkspaceRuntimeAlert,
     WorkspaceRuntimeFailed,
     new_event,
 )
+from events.payloads import WorkspaceScheduled
 from functions.domain.lifecycle import (
     HOLDS_HARDWARE,
     HOLDS_SLOT,
     IN_TRANSITION,
+    NOTES,
     Decision,
     Destroy,
     DiscardSnapshot,
@@ -64,6 +68,10 @@ _BASE = Workspace(id=WS, team="ml-a", owner="alice", name="ws", profile="gpu-sma
 DOCS: dict[State | None, Workspace | None] = {
     None: None,
     State.REQUESTED: _BASE,
+    # QUEUED: a resume waiting its turn (preempted by pause, say), its snapshot kept.
+    State.QUEUED: dataclasses.replace(
+        _BASE, state=State.QUEUED, state_reason="requeued", version=5,
+        current_snapshot=MATCHING, queued_at=T0, queued_for="resume"),
     State.PROVISIONING: dataclasses.replace(
         _BASE, state=State.PROVISIONING, state_reason="created", version=1,
         transition_started_at=T0),
@@ -102,6 +110,19 @@ SIGNALS: dict[str, Any] = {
     "resume": WorkspaceResumeRequested(WS, "alice"),
     "delete": WorkspaceDeleteRequested(WS, "alice"),
     "destroyed": RuntimeDestroyed(WS, 1024),
+    # the scheduler's verdicts name a version: QUEUED's (5) or RUNNING's (2)
+    "admit": WorkspaceScheduled(WS, 5, "admit", node="local"),
+    "expire": WorkspaceScheduled(WS, 5, "expire", message="waited 4h, the most it may"),
+    "preempt": WorkspaceScheduled(WS, 2, "preempt", for_workspace="ml-b--hi",
+                                  message="paused for ml-b--hi"),
+    "warn": WorkspaceScheduled(WS, 2, "warn", for_workspace="ml-b--hi", after_seconds=600,
+                               message="will be paused in 10m"),
+    "checkpoint": WorkspaceScheduled(WS, 2, "checkpoint"),
+    "server lost": WorkspacePreempted(WS, "local", NOW.isoformat(), cause="server_lost"),
+    # cluster monitoring (functions/domain/monitoring.py), between T0 and NOW
+    "node lost": WorkspacePreempted(WS, "gke-pool-spot-1", "2025-06-10T11:00:00+00:00"),
+    "runtime alert": WorkspaceRuntimeAlert(WS, "oom_killed", "2025-06-10T11:00:00+00:00",
+                                           "container workspace was OOM-killed"),
 }
 
 S, R = State, Reason
@@ -124,6 +145,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (None, "resume"):                    (NO, None, R.UNKNOWN_WORKSPACE, _),
     (None, "delete"):                    (NO, None, R.UNKNOWN_WORKSPACE, _),
     (None, "destroyed"):                 (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "admit"):                        (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "expire"):                       (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "preempt"):                      (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "warn"):                         (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "checkpoint"):                   (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (None, "server lost"):                  (NO, None, R.UNKNOWN_WORKSPACE, _),
     # -- REQUESTED: a document nothing has acted on yet; only delete moves it -----------------
     (S.REQUESTED, "requested"):             (NO, S.REQUESTED, R.NAME_IN_USE, _),
     (S.REQUESTED, "ready"):                 (NO, S.REQUESTED, R.STALE_READY, _),
@@ -136,6 +163,30 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.REQUESTED, "resume"):                (NO, S.REQUESTED, R.NOT_PAUSED, _),
     (S.REQUESTED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.REQUESTED, "destroyed"):             (NO, S.REQUESTED, R.STALE_FAILURE, _),
+    (S.REQUESTED, "admit"):                 (NO, S.REQUESTED, R.STALE_SCHEDULE, _),
+    (S.REQUESTED, "expire"):                (NO, S.REQUESTED, R.STALE_SCHEDULE, _),
+    (S.REQUESTED, "preempt"):               (NO, S.REQUESTED, R.STALE_SCHEDULE, _),
+    (S.REQUESTED, "warn"):                  (NO, S.REQUESTED, R.STALE_SCHEDULE, _),
+    (S.REQUESTED, "checkpoint"):            (NO, S.REQUESTED, R.STALE_SCHEDULE, _),
+    (S.REQUESTED, "server lost"):           (NO, S.REQUESTED, R.STALE_PREEMPTION, _),
+    # -- QUEUED (a resume waiting, ws-v3 current): start, expire, cancel (pause), delete --
+    (S.QUEUED, "requested"):                (NO, S.QUEUED, R.NAME_IN_USE, _),
+    (S.QUEUED, "ready"):                    (NO, S.QUEUED, R.STALE_READY, _),
+    (S.QUEUED, "provision failed"):         (NO, S.QUEUED, R.STALE_FAILURE, _),
+    (S.QUEUED, "resume failed"):            (NO, S.QUEUED, R.STALE_FAILURE, _),
+    (S.QUEUED, "pause"):                    (OK, S.PAUSED, R.QUEUE_CANCELLED, _),
+    (S.QUEUED, "snapshot ok"):              (NO, S.QUEUED, R.STALE_SNAPSHOT, _),
+    (S.QUEUED, "snapshot ok, other id"):    (NO, S.QUEUED, R.STALE_SNAPSHOT, DISC),
+    (S.QUEUED, "snapshot failed"):          (NO, S.QUEUED, R.STALE_SNAPSHOT, _),
+    (S.QUEUED, "resume"):                   (NO, S.QUEUED, R.ALREADY_QUEUED, _),
+    (S.QUEUED, "delete"):                   (OK, S.DELETING, R.DELETE_STARTED, DEST),
+    (S.QUEUED, "destroyed"):                (NO, S.QUEUED, R.STALE_FAILURE, _),
+    (S.QUEUED, "admit"):                    (OK, S.RESUMING, R.RESUME_STARTED, REST),
+    (S.QUEUED, "expire"):                   (OK, S.FAILED, R.QUEUE_EXPIRED, _),
+    (S.QUEUED, "preempt"):                  (NO, S.QUEUED, R.STALE_SCHEDULE, _),
+    (S.QUEUED, "warn"):                     (NO, S.QUEUED, R.STALE_SCHEDULE, _),
+    (S.QUEUED, "checkpoint"):               (NO, S.QUEUED, R.STALE_SCHEDULE, _),
+    (S.QUEUED, "server lost"):              (NO, S.QUEUED, R.STALE_PREEMPTION, _),
     # -- PROVISIONING --------------------------------------------------------------------------
     (S.PROVISIONING, "requested"):             (NO, S.PROVISIONING, R.NAME_IN_USE, _),
     (S.PROVISIONING, "ready"):                 (OK, S.RUNNING, R.READY, _),
@@ -148,6 +199,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PROVISIONING, "resume"):                (NO, S.PROVISIONING, R.NOT_PAUSED, _),
     (S.PROVISIONING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PROVISIONING, "destroyed"):             (NO, S.PROVISIONING, R.STALE_FAILURE, _),
+    (S.PROVISIONING, "admit"):              (NO, S.PROVISIONING, R.STALE_SCHEDULE, _),
+    (S.PROVISIONING, "expire"):             (NO, S.PROVISIONING, R.STALE_SCHEDULE, _),
+    (S.PROVISIONING, "preempt"):            (NO, S.PROVISIONING, R.STALE_SCHEDULE, _),
+    (S.PROVISIONING, "warn"):               (NO, S.PROVISIONING, R.STALE_SCHEDULE, _),
+    (S.PROVISIONING, "checkpoint"):         (NO, S.PROVISIONING, R.STALE_SCHEDULE, _),
+    (S.PROVISIONING, "server lost"):        (OK, S.FAILED, R.PREEMPTED, REL),
     # -- RUNNING -------------------------------------------------------------------------------
     (S.RUNNING, "requested"):             (NO, S.RUNNING, R.NAME_IN_USE, _),
     (S.RUNNING, "ready"):                 (NO, S.RUNNING, R.ALREADY_RUNNING, _),
@@ -161,6 +218,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.RUNNING, "resume"):                (NO, S.RUNNING, R.ALREADY_RUNNING, _),
     (S.RUNNING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.RUNNING, "destroyed"):             (NO, S.RUNNING, R.STALE_FAILURE, _),
+    (S.RUNNING, "admit"):                   (NO, S.RUNNING, R.STALE_SCHEDULE, _),
+    (S.RUNNING, "expire"):                  (NO, S.RUNNING, R.STALE_SCHEDULE, _),
+    (S.RUNNING, "preempt"):                 (OK, S.PAUSING, R.PAUSE_STARTED, SNAP),
+    (S.RUNNING, "warn"):                    (OK, S.RUNNING, R.PREEMPTION_WARNING, _),
+    (S.RUNNING, "checkpoint"):              (OK, S.RUNNING, R.CHECKPOINT_STARTED, SNAP),
+    (S.RUNNING, "server lost"):             (OK, S.FAILED, R.PREEMPTED, REL),
     # -- PAUSING (ws-v3 pending) ---------------------------------------------------------------
     (S.PAUSING, "requested"):             (NO, S.PAUSING, R.NAME_IN_USE, _),
     (S.PAUSING, "ready"):                 (NO, S.PAUSING, R.STALE_READY, _),
@@ -173,6 +236,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PAUSING, "resume"):                (NO, S.PAUSING, R.NOT_PAUSED, _),
     (S.PAUSING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PAUSING, "destroyed"):             (NO, S.PAUSING, R.STALE_FAILURE, _),
+    (S.PAUSING, "admit"):                   (NO, S.PAUSING, R.STALE_SCHEDULE, _),
+    (S.PAUSING, "expire"):                  (NO, S.PAUSING, R.STALE_SCHEDULE, _),
+    (S.PAUSING, "preempt"):                 (NO, S.PAUSING, R.STALE_SCHEDULE, _),
+    (S.PAUSING, "warn"):                    (NO, S.PAUSING, R.STALE_SCHEDULE, _),
+    (S.PAUSING, "checkpoint"):              (NO, S.PAUSING, R.STALE_SCHEDULE, _),
+    (S.PAUSING, "server lost"):             (NO, S.PAUSING, R.PREEMPTED_WHILE_PAUSING, _),
     # -- PAUSED (ws-v3 current): a redelivered ws-v3 is not discarded, it is the snapshot ------
     (S.PAUSED, "requested"):             (NO, S.PAUSED, R.NAME_IN_USE, _),
     (S.PAUSED, "ready"):                 (NO, S.PAUSED, R.STALE_READY, _),
@@ -185,6 +254,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.PAUSED, "resume"):                (OK, S.RESUMING, R.RESUME_STARTED, REST),
     (S.PAUSED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.PAUSED, "destroyed"):             (NO, S.PAUSED, R.STALE_FAILURE, _),
+    (S.PAUSED, "admit"):                    (NO, S.PAUSED, R.STALE_SCHEDULE, _),
+    (S.PAUSED, "expire"):                   (NO, S.PAUSED, R.STALE_SCHEDULE, _),
+    (S.PAUSED, "preempt"):                  (NO, S.PAUSED, R.STALE_SCHEDULE, _),
+    (S.PAUSED, "warn"):                     (NO, S.PAUSED, R.STALE_SCHEDULE, _),
+    (S.PAUSED, "checkpoint"):               (NO, S.PAUSED, R.STALE_SCHEDULE, _),
+    (S.PAUSED, "server lost"):              (NO, S.PAUSED, R.STALE_PREEMPTION, _),
     # -- RESUMING (from ws-v3) -----------------------------------------------------------------
     (S.RESUMING, "requested"):             (NO, S.RESUMING, R.NAME_IN_USE, _),
     (S.RESUMING, "ready"):                 (OK, S.RUNNING, R.RESUMED, _),
@@ -197,6 +272,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.RESUMING, "resume"):                (NO, S.RESUMING, R.ALREADY_RESUMING, _),
     (S.RESUMING, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.RESUMING, "destroyed"):             (NO, S.RESUMING, R.STALE_FAILURE, _),
+    (S.RESUMING, "admit"):                  (NO, S.RESUMING, R.STALE_SCHEDULE, _),
+    (S.RESUMING, "expire"):                 (NO, S.RESUMING, R.STALE_SCHEDULE, _),
+    (S.RESUMING, "preempt"):                (NO, S.RESUMING, R.STALE_SCHEDULE, _),
+    (S.RESUMING, "warn"):                   (NO, S.RESUMING, R.STALE_SCHEDULE, _),
+    (S.RESUMING, "checkpoint"):             (NO, S.RESUMING, R.STALE_SCHEDULE, _),
+    (S.RESUMING, "server lost"):            (OK, S.PAUSED, R.RECOVERED, REL),
     # -- DELETING (deleted while ws-v3 was pending): a late snapshot is discarded -------------
     (S.DELETING, "requested"):             (NO, S.DELETING, R.NAME_IN_USE, _),
     (S.DELETING, "ready"):                 (NO, S.DELETING, R.STALE_READY, _),
@@ -209,6 +290,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.DELETING, "resume"):                (NO, S.DELETING, R.NOT_PAUSED, _),
     (S.DELETING, "delete"):                (OK, S.DELETING, R.DELETE_RETRIED, DEST),
     (S.DELETING, "destroyed"):             (OK, S.DELETED, R.DELETED, _),
+    (S.DELETING, "admit"):                  (NO, S.DELETING, R.STALE_SCHEDULE, _),
+    (S.DELETING, "expire"):                 (NO, S.DELETING, R.STALE_SCHEDULE, _),
+    (S.DELETING, "preempt"):                (NO, S.DELETING, R.STALE_SCHEDULE, _),
+    (S.DELETING, "warn"):                   (NO, S.DELETING, R.STALE_SCHEDULE, _),
+    (S.DELETING, "checkpoint"):             (NO, S.DELETING, R.STALE_SCHEDULE, _),
+    (S.DELETING, "server lost"):            (NO, S.DELETING, R.STALE_PREEMPTION, _),
     # -- DELETED: the name is free again; everything else is about a workspace that is gone --
     (S.DELETED, "requested"):             (OK, S.PROVISIONING, R.CREATED, PROV),
     (S.DELETED, "ready"):                 (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
@@ -221,6 +308,12 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.DELETED, "resume"):                (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
     (S.DELETED, "delete"):                (NO, S.DELETED, R.ALREADY_DELETED, _),
     (S.DELETED, "destroyed"):             (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "admit"):                   (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "expire"):                  (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "preempt"):                 (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "warn"):                    (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "checkpoint"):              (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.DELETED, "server lost"):             (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
     # -- FAILED by a resume, keeping ws-v3: resume again or delete; the name stays taken ------
     (S.FAILED, "requested"):             (NO, S.FAILED, R.NAME_IN_USE, _),
     (S.FAILED, "ready"):                 (NO, S.FAILED, R.STALE_READY, _),
@@ -233,6 +326,37 @@ TABLE: dict[tuple[State | None, str], tuple[bool, State | None, Reason, tuple[ty
     (S.FAILED, "resume"):                (OK, S.RESUMING, R.RESUME_STARTED, REST),
     (S.FAILED, "delete"):                (OK, S.DELETING, R.DELETE_STARTED, DEST),
     (S.FAILED, "destroyed"):             (NO, S.FAILED, R.STALE_FAILURE, _),
+    (S.FAILED, "admit"):                    (NO, S.FAILED, R.STALE_SCHEDULE, _),
+    (S.FAILED, "expire"):                   (NO, S.FAILED, R.STALE_SCHEDULE, _),
+    (S.FAILED, "preempt"):                  (NO, S.FAILED, R.STALE_SCHEDULE, _),
+    (S.FAILED, "warn"):                     (NO, S.FAILED, R.STALE_SCHEDULE, _),
+    (S.FAILED, "checkpoint"):               (NO, S.FAILED, R.STALE_SCHEDULE, _),
+    (S.FAILED, "server lost"):              (NO, S.FAILED, R.STALE_PREEMPTION, _),
+    # -- a lost node takes the server of what runs or starts on it: PAUSED from its snapshot --
+    (None, "node lost"):               (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (S.REQUESTED, "node lost"):        (NO, S.REQUESTED, R.STALE_PREEMPTION, _),
+    (S.PROVISIONING, "node lost"):     (OK, S.FAILED, R.PREEMPTED, REL),
+    (S.RUNNING, "node lost"):          (OK, S.FAILED, R.PREEMPTED, REL),
+    # the snapshot's own outcome decides (GKE may still complete a Pod Snapshot it began)
+    (S.PAUSING, "node lost"):          (NO, S.PAUSING, R.PREEMPTED_WHILE_PAUSING, _),
+    (S.PAUSED, "node lost"):           (NO, S.PAUSED, R.STALE_PREEMPTION, _),
+    (S.RESUMING, "node lost"):         (OK, S.PAUSED, R.RECOVERED, REL),
+    (S.QUEUED, "node lost"):           (NO, S.QUEUED, R.STALE_PREEMPTION, _),
+    (S.DELETING, "node lost"):         (NO, S.DELETING, R.STALE_PREEMPTION, _),
+    (S.DELETED, "node lost"):          (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.FAILED, "node lost"):           (NO, S.FAILED, R.STALE_PREEMPTION, _),
+    # -- a runtime alert is noted on a RUNNING workspace, with no transition -------------------
+    (None, "runtime alert"):           (NO, None, R.UNKNOWN_WORKSPACE, _),
+    (S.REQUESTED, "runtime alert"):    (NO, S.REQUESTED, R.STALE_ALERT, _),
+    (S.PROVISIONING, "runtime alert"): (NO, S.PROVISIONING, R.STALE_ALERT, _),
+    (S.QUEUED, "runtime alert"):       (NO, S.QUEUED, R.STALE_ALERT, _),
+    (S.RUNNING, "runtime alert"):      (OK, S.RUNNING, R.RUNTIME_ALERT, _),
+    (S.PAUSING, "runtime alert"):      (NO, S.PAUSING, R.STALE_ALERT, _),
+    (S.PAUSED, "runtime alert"):       (NO, S.PAUSED, R.STALE_ALERT, _),
+    (S.RESUMING, "runtime alert"):     (NO, S.RESUMING, R.STALE_ALERT, _),
+    (S.DELETING, "runtime alert"):     (NO, S.DELETING, R.STALE_ALERT, _),
+    (S.DELETED, "runtime alert"):      (NO, S.DELETED, R.UNKNOWN_WORKSPACE, _),
+    (S.FAILED, "runtime alert"):       (NO, S.FAILED, R.STALE_ALERT, _),
 }
 
 
@@ -257,7 +381,8 @@ def test_the_signals_cover_every_signal_type() -> None:
     signal_types = {type(s) for s in SIGNALS.values()}
     assert signal_types == {WorkspaceRequested, WorkspaceReady, WorkspaceRuntimeFailed,
                             WorkspacePauseRequested, SnapshotFinished, WorkspaceResumeRequested,
-                            WorkspaceDeleteRequested, RuntimeDestroyed}
+                            WorkspaceDeleteRequested, WorkspaceScheduled, WorkspacePreempted,
+                            WorkspaceRuntimeAlert, RuntimeDestroyed}
 
 
 def test_the_canonical_documents_follow_the_snapshot_naming() -> None:
@@ -281,11 +406,17 @@ def test_transition(state: State | None, signal: str) -> None:
         assert decision.workspace is ws
         assert decision.message
         assert not decision.changed_state
-    elif decision.workspace is not ws:
+    elif decision.workspace is not ws and reason != R.RUNTIME_ALERT:  # a note, see below
         assert decision.workspace is not None
         assert decision.workspace.version == (ws.version if ws else 0) + 1
-        assert decision.workspace.state_reason == str(reason)
-        assert decision.workspace.updated_at == NOW
+        if reason in NOTES:
+            # A note keeps the state, its reason and the moment it was entered.
+            assert ws is not None
+            assert decision.workspace.state_reason == ws.state_reason
+            assert decision.workspace.updated_at == ws.updated_at
+        else:
+            assert decision.workspace.state_reason == str(reason)
+            assert decision.workspace.updated_at == NOW
         assert decision.changed_state == (new_state != state)
 
 
@@ -510,6 +641,45 @@ def test_a_failed_resume_keeps_its_snapshot_for_a_retry() -> None:
     assert retry.accepted and retry.commands == (Restore(WS, MATCHING),)
 
 
+ANCHOR = "5e" * 32
+
+
+def test_the_manifest_hash_anchors_every_restore_and_bases_the_next_snapshot() -> None:
+    pausing = _ws(State.PAUSING)
+    finished = SnapshotFinished(WS, MATCHING, True, bytes=10, manifest_sha256=ANCHOR)
+    paused = decide(pausing, finished, NOW).workspace
+    assert paused is not None and paused.current_manifest_sha256 == ANCHOR
+
+    resume = decide(paused, WorkspaceResumeRequested(WS, "alice", device_arrays_to_cpu=True), NOW)
+    assert resume.commands == (Restore(WS, MATCHING, ANCHOR, device_arrays_to_cpu=True),)
+    running = dataclasses.replace(paused, state=State.RUNNING)
+    pause = decide(running, SIGNALS["pause"], NOW)
+    snapshot_id = snapshot_id_for(running)
+    assert pause.commands == (Snapshot(WS, snapshot_id, base=MATCHING,
+                                       base_manifest_sha256=ANCHOR),)
+
+
+@pytest.mark.parametrize(("cause", "reason"), [
+    ("snapshot_integrity", Reason.SNAPSHOT_INTEGRITY),
+    ("restore_refused", Reason.RESTORE_REFUSED),
+    # the node agent restarted during the restore (found by the chaos harness: FAILED)
+    ("interrupted", Reason.RESUME_INTERRUPTED),
+])
+def test_a_resume_refused_with_the_snapshot_intact_leaves_the_workspace_paused(
+    cause: str, reason: Reason,
+) -> None:
+    resuming = _ws(State.RESUMING, current_manifest_sha256=ANCHOR)
+    why = "gs://b/snapshots/ml-a/ml-a--ws/ml-a--ws-v3/manifest.json has sha256 9f...: changed"
+    decision = decide(resuming, WorkspaceRuntimeFailed(WS, "resume", why, cause=cause), NOW)
+
+    assert (decision.accepted, decision.reason) == (True, reason)
+    ws = decision.workspace
+    assert ws is not None and ws.state == State.PAUSED and ws.state_message == why
+    assert (ws.current_snapshot, ws.current_manifest_sha256) == (MATCHING, ANCHOR)
+    assert decision.commands == (Release(WS),)
+    assert decide(ws, SIGNALS["resume"], NOW).accepted  # it can be resumed again
+
+
 def test_resume_without_a_snapshot_is_refused() -> None:
     provision_failed = _ws(State.FAILED, current_snapshot=None, state_reason="provision_failed")
     decision = decide(provision_failed, SIGNALS["resume"], NOW)
@@ -626,3 +796,87 @@ def test_invalid_signals_cannot_be_built_into_events() -> None:
         new_event(WorkspaceRuntimeFailed(WS, operation, "x"))
     with pytest.raises(InvalidEvent):
         new_event(WorkspaceRuntimeFailed(WS, "explode", "x"))
+
+
+# -- what a decision tells: workspace.state_changed --------------------------------------------
+
+
+def test_a_state_change_is_told_once_per_version_and_a_refusal_or_retry_tells_nothing() -> None:
+    decision = decide(_ws(State.RUNNING), WorkspacePauseRequested(WS, "bob", cause="idle",
+                                                                  detail="idle 2 h"), NOW)
+    [change] = decision.events
+    assert (change.from_state, change.to_state, change.reason, change.message) == (
+        "RUNNING", "PAUSING", "pause_started", "idle 2 h")
+    assert change.event_id == f"{WS}-v{decision.workspace.version}"  # type: ignore[union-attr]
+    assert decision.outcome() == {"accepted": True, "reason": "pause_started",
+                                  "message": "idle 2 h", "state": "PAUSING"}
+    refused = decide(_ws(State.PAUSED), WorkspacePauseRequested(WS, "bob"), NOW)
+    assert refused.events == () and refused.outcome()["state"] == "PAUSED"
+    retried = decide(_ws(State.DELETING), WorkspaceDeleteRequested(WS, "bob"), NOW)
+    assert retried.accepted and retried.events == ()  # DELETING again: no change to tell
+
+
+# -- cluster monitoring: a lost node, a runtime alert ---------------------------------------
+
+
+def test_a_lost_node_pauses_the_server_it_ran_from_its_snapshot_saying_what_was_lost(
+) -> None:
+    running = _ws(State.RUNNING, updated_at=T0, current_snapshot=OTHER)
+    decision = decide(running, SIGNALS["node lost"], NOW)
+    assert decision.workspace is not None and decision.workspace.state == State.PAUSED
+    assert decision.reason == Reason.RECOVERED and decision.commands == (Release(WS),)
+    assert decision.workspace.current_snapshot == OTHER
+    assert decision.workspace.url is None and decision.workspace.state not in HOLDS_HARDWARE
+    # It ran from 09:00 (the snapshot it resumed from) until the node went at 11:00.
+    assert decision.workspace.lost_work_seconds == 7200
+    assert decision.message == (
+        "node gke-pool-spot-1 was preempted (Spot) at 11:00:00: paused from the snapshot it "
+        f"resumed from ({OTHER}); 2h 0m of work since then is lost. Resume with "
+        "`stasis ws resume ws --team ml-a`")
+    resumed = decide(decision.workspace, SIGNALS["resume"], NOW)
+    assert resumed.accepted and resumed.commands == (Restore(WS, OTHER),)
+
+
+def test_a_lost_node_without_a_snapshot_says_there_is_nothing_to_resume() -> None:
+    lost = WorkspacePreempted(WS, "n1", "2025-06-10T11:00:00Z", cause="node_deleted")
+    decision = decide(_ws(State.RUNNING, updated_at=T0), lost, NOW)
+    assert decision.reason == Reason.PREEMPTED
+    assert "n1 was removed from the cluster" in decision.message
+    assert "no snapshot to resume from: delete it and create it again" in decision.message
+
+
+def test_a_server_started_after_the_node_went_away_is_not_the_one_lost() -> None:
+    # A resume onto another node (or onto the node's replacement of the same name).
+    later = _ws(State.RUNNING, updated_at=datetime(2025, 6, 10, 11, 30, tzinfo=UTC))
+    decision = decide(later, SIGNALS["node lost"], NOW)
+    assert (decision.accepted, decision.reason) == (False, Reason.STALE_PREEMPTION)
+    starting = _ws(State.RESUMING, transition_started_at=datetime(2025, 6, 10, 11, 5,
+                                                                   tzinfo=UTC))
+    assert decide(starting, SIGNALS["node lost"], NOW).reason == Reason.STALE_PREEMPTION
+
+
+def test_a_runtime_alert_is_a_note_not_a_transition() -> None:
+    running = _ws(State.RUNNING, updated_at=T0, state_message="")
+    decision = decide(running, SIGNALS["runtime alert"], NOW)
+    assert decision.accepted and not decision.changed_state and decision.workspace is not None
+    noted = decision.workspace
+    assert noted.state_message == "container workspace was OOM-killed"
+    # The version (event ids, the idle pause's request id) and the moment it became
+    # RUNNING (the idle clock) stay as they are.
+    assert (noted.version, noted.updated_at, noted.state_reason) == (
+        running.version, running.updated_at, running.state_reason)
+
+
+def test_a_runtime_alert_from_before_this_server_started_is_stale() -> None:
+    restarted = _ws(State.RUNNING, updated_at=datetime(2025, 6, 10, 11, 30, tzinfo=UTC))
+    decision = decide(restarted, SIGNALS["runtime alert"], NOW)
+    assert (decision.accepted, decision.reason) == (False, Reason.STALE_ALERT)
+    assert "before this server started" in decision.message
+
+
+def test_a_preemption_reported_for_a_queued_workspace_is_no_cancellation() -> None:
+    queued = _ws(State.QUEUED)
+    late = decide(queued, WorkspacePauseRequested(WS, "kueue", "preempted"), NOW)
+    assert (late.accepted, late.reason) == (False, Reason.STALE_PREEMPTION)
+    cancel = decide(queued, WorkspacePauseRequested(WS, "alice"), NOW)
+    assert (cancel.accepted, cancel.reason) == (True, Reason.QUEUE_CANCELLED)

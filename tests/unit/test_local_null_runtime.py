@@ -73,3 +73,42 @@ def test_capabilities_admit_every_example_profile() -> None:
     for kind in ("nvidia-l4", "nvidia-h100-80gb", "tpu-v5-lite-podslice", "nvidia-custom"):
         assert caps["accelerators"][kind] >= 1
     assert caps["cpus"] >= 64 and caps["memory_bytes"] >= 2**40
+
+
+def test_instances_with_one_state_file_see_the_same_node(tmp_path) -> None:
+    # Two workers of the function host: what one started the other's reconciler must see.
+    state = tmp_path / "null-runtime.sqlite"
+    one, other = NullRuntime(Bus(), state_file=state), NullRuntime(Bus(), state_file=state)
+    one.provision(SPEC)
+    assert other.status(SPEC.workspace_id) is not None
+    assert [s.workspace_id for s in other.list()] == [SPEC.workspace_id]
+    other.destroy(SPEC.workspace_id, keep_home=False)
+    assert one.status(SPEC.workspace_id) is None and one.running == set()
+
+
+def test_a_split_runtime_routes_by_workspace_id_and_lists_each_side_once() -> None:
+    """``STASIS_NULL_RUNTIME_MATCH`` (bench/load.py --local): the matching ids go to the
+    null runtime, the others to the real one, for every call the port has."""
+    from dataclasses import replace
+
+    from functions.adapters.split_runtime import SplitRuntime
+
+    real, null = NullRuntime(Bus(), accelerators={"nvidia-l4": 1}), NullRuntime(Bus())
+    split = SplitRuntime(real, null, "team--load-*")
+    pretend = replace(SPEC, workspace_id="team--load-1", name="load-1")
+    for spec in (SPEC, pretend):
+        split.provision(spec)
+        split.snapshot(spec, "snap-1")
+        split.restore(spec, "snap-1")
+        assert split.progress(spec.workspace_id) is None
+    assert [s.workspace_id for s in split.list()] == ["team--ws", "team--load-1"]
+    split.release("team--ws")
+    assert real.calls == [("provision", "team--ws"), ("snapshot", "team--ws"),
+                          ("restore", "team--ws"), ("release", "team--ws")]
+    assert [op for op, ws in null.calls if ws == "team--load-1"] == [
+        "provision", "snapshot", "restore"]
+    status = split.status("team--load-1")
+    assert status is not None and status.running
+    split.destroy("team--load-1", keep_home=False)
+    assert split.status("team--load-1") is None
+    assert split.capabilities() == real.capabilities()

@@ -8,6 +8,7 @@ two sides without sockets).
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -61,10 +62,10 @@ class Transport(BaseAdapter):
         pass
 
 
-def runtime_with(transport: BaseAdapter) -> LocalRuntime:
+def runtime_with(transport: BaseAdapter, token: str | None = None) -> LocalRuntime:
     session = requests.Session()
     session.mount("http://", transport)
-    return LocalRuntime(BASE, session=session)
+    return LocalRuntime(BASE, session=session, token=token)
 
 
 def canned(status: int, body: Any) -> tuple[LocalRuntime, Transport]:
@@ -165,6 +166,18 @@ def test_status_and_list() -> None:
     assert [s.workspace_id for s in runtime.list()] == ["team--ws"]
 
 
+def test_progress_reads_the_agent_report() -> None:
+    report = {"workspace_id": "team--ws", "phase": "restore", "started_at": 1.0,
+              "first_byte_at": 2.0, "done_bytes": 5, "total_bytes": 9, "observed_at": 3.0}
+    runtime, transport = canned(200, report)
+    assert runtime.progress("team--ws") == report
+    assert transport.sent[0].url == f"{BASE}/workspaces/team--ws/progress"
+    idle, _ = canned(200, {"workspace_id": "team--ws", "phase": None})
+    assert idle.progress("team--ws") is None
+    unknown, _ = canned(404, {"error": "not known"})
+    assert unknown.progress("team--ws") is None
+
+
 def test_contract_with_the_agent_app(tmp_path: Any) -> None:
     """The adapter's requests are what the agent's app accepts (and its refusals come back
     as RuntimeRefused), without starting any server."""
@@ -194,8 +207,10 @@ def test_contract_with_the_agent_app(tmp_path: Any) -> None:
         return response.status_code, response.data
 
     try:
-        runtime = runtime_with(Transport(through_app))
-        assert runtime.capabilities() == caps
+        runtime = runtime_with(Transport(through_app), token=settings.control_token())
+        seen = runtime.capabilities()
+        assert seen.pop("tenancy")["mode"] in ("per-workspace-users", "single-tenant")
+        assert seen == {"node": socket.gethostname(), **caps}
         gpu = WorkspaceSpec(
             **{
                 **SPEC.__dict__,

@@ -48,6 +48,8 @@ def test_jupyterlab_argv(tmp_path: Path) -> None:
     assert argv[8:11] == [sys.executable, "-m", "jupyterlab"]
     assert "--ServerApp.ip=127.0.0.1" in argv and "--ServerApp.port=4321" in argv
     assert f"--ServerApp.root_dir={launch.home}" in argv
+    # Served under the IDE access proxy's path: the proxy forwards paths unchanged.
+    assert "--ServerApp.base_url=/w/team--ws/" in argv
     assert ("--allow-root" in argv) == (os.geteuid() == 0)
     assert not any("token" in a.lower() for a in argv)
 
@@ -66,13 +68,71 @@ def test_environment_points_into_the_home(tmp_path: Path) -> None:
     assert (env[servers.MARKER_VAR], env[servers.WORKSPACE_VAR]) == ("m1", "team--ws")
 
 
+def test_the_control_planes_credentials_never_reach_a_workspace(tmp_path: Path) -> None:
+    secrets = {"STASIS_NODE_AGENT_TOKEN": "a", "STASIS_SLACK_SIGNING_SECRET": "b",
+               "STASIS_SLACK_BOT_TOKEN": "c", "STASIS_SESSION_SECRET": "d",
+               "STASIS_ALERTMANAGER_TOKEN": "e", "STASIS_SIDECAR_KEY": "f"}
+    launch = _launch(tmp_path, base_env={"PATH": "/usr/bin", **secrets})
+    env = server_env(launch, token="s3cret", marker="m")
+    assert not set(secrets) & set(env)
+
+
+def test_a_workspace_with_its_own_user_gets_only_the_allow_list(tmp_path: Path) -> None:
+    """An isolated workspace's server starts from an allow-list of the agent's environment:
+    no emulator host, project, bucket or credential, whatever the agent holds."""
+    agent_env = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "xterm",
+                 "STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
+                 "PUBSUB_EMULATOR_HOST": "127.0.0.1:2", "FIRESTORE_EMULATOR_HOST": "h:3",
+                 "STASIS_PROJECT": "p", "GOOGLE_CLOUD_PROJECT": "p",
+                 "STASIS_SNAPSHOT_BUCKET": "b", "STASIS_NODE_AGENT_TOKEN": "a",
+                 "STASIS_NODE_AGENT_URL": "http://127.0.0.1:8714", "AWS_SECRET_ACCESS_KEY": "s",
+                 "GOOGLE_APPLICATION_CREDENTIALS": "/root/key.json", "SLACK_BOT_TOKEN": "x"}
+    launch = _launch(tmp_path, base_env=agent_env, uid=300_007)
+    env = server_env(launch, token="s3cret", marker="m")
+    assert not {k for k in agent_env if k not in ("PATH", "LANG", "LC_ALL", "TERM")} & set(env)
+    assert (env["LANG"], env["LC_ALL"], env["TERM"]) == ("C.UTF-8", "C.UTF-8", "xterm")
+    assert (env["USER"], env["LOGNAME"], env["HOME"]) == ("ws300007", "ws300007",
+                                                          str(launch.home))
+    assert env["JUPYTER_TOKEN"] == "s3cret" and env[servers.WORKSPACE_VAR] == "team--ws"
+    argv = server_argv(launch, 4321)
+    assert argv[argv.index("--user") + 1] == "300007" and "--allow-root" not in argv
+    assert argv.index("--user") < argv.index("--")  # the trampoline drops, then execs
+
+
+def test_the_node_agent_gets_no_front_door_secret(tmp_path: Path) -> None:
+    """The agent's environment is where every workspace's starts from."""
+    from stack.local import agent_env
+    from stack.settings import Settings
+
+    env = agent_env(Settings(data_dir=tmp_path))
+    assert not [k for k in env if k.startswith(("STASIS_SLACK_", "STASIS_SESSION",
+                                                "STASIS_ALERTMANAGER"))]
+    assert env["STASIS_NODE_AGENT_TOKEN"] == Settings(data_dir=tmp_path).node_agent_token()
+
+
 def test_vscode_runs_code_server_with_the_password_in_the_environment(tmp_path: Path) -> None:
     launch = _launch(tmp_path, ide="vscode", limits=Limits())
     argv = server_argv(launch, 4321)
     assert argv[argv.index("--bind-addr") + 1] == "127.0.0.1:4321"
     assert argv[argv.index("--auth") + 1] == "password" and argv[-1] == str(launch.home)
+    # code-server works relatively behind the proxy's prefix; only /absproxy needs it.
+    assert argv[argv.index("--abs-proxy-base-path") + 1] == "/w/team--ws"
     env = server_env(launch, token="s3cret", marker="m")
     assert env["PASSWORD"] == "s3cret" and "JUPYTER_TOKEN" not in env
+
+
+def test_a_server_is_addressed_under_its_base_path_and_records_it() -> None:
+    lab = ServerProcess("team--ws", pid=1, port=4321, token="t", marker="m", create_time=0.0,
+                        started_at=0.0, log_path="l", base_path="/w/team--ws/")
+    assert lab.base_url == "http://127.0.0.1:4321/w/team--ws"
+    assert lab.url == "http://127.0.0.1:4321/w/team--ws/lab"
+    assert ServerProcess.from_json("team--ws", lab.to_json()) == lab
+    code = ServerProcess("team--ws", pid=1, port=4321, token="t", marker="m", create_time=0.0,
+                         started_at=0.0, log_path="l", ide="vscode")
+    assert (code.base_url, code.url) == ("http://127.0.0.1:4321", "http://127.0.0.1:4321/")
+    # A server recorded before base paths (an older agent's state file) is still found.
+    old = {k: v for k, v in lab.to_json().items() if k != "base_path"}
+    assert ServerProcess.from_json("team--ws", old).base_url == "http://127.0.0.1:4321"
 
 
 def test_unknown_interpreter_is_named() -> None:

@@ -10,7 +10,14 @@ import pytest
 
 from runtime.local import snapshots
 from runtime.local.jupyter import JupyterError
-from runtime.local.snapshots import SnapshotFailed, restore_snapshot, take_snapshot
+from runtime.local.snapshots import (
+    SnapshotFailed,
+    open_snapshot,
+    restore_snapshot,
+    take_snapshot,
+)
+from runtime.snapshot.errors import RestoreRefused, SnapshotIntegrityError
+from runtime.snapshot.manifest import manifest_sha256
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -54,9 +61,10 @@ class FakeEngine:
 
     def snapshot_kernel(
         self, connection_file: str, *, bucket: str, prefix: str, kernel_id: str, timeout: float,
-        progress: Any = None,
+        progress: Any = None, reuse: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         self.calls.append(("snapshot_kernel", kernel_id, prefix))
+        self.reuse = reuse
         if self.fail_on == kernel_id:
             raise RuntimeError("boom in the kernel")
         return {
@@ -68,19 +76,39 @@ class FakeEngine:
 
     def restore_kernel(
         self, connection_file: str, entry: dict[str, Any], *, bucket: str, timeout: float,
-        progress: Any = None,
+        progress: Any = None, device_arrays_to_cpu: bool = False,
+        staged: list[str] | None = None,
     ) -> dict[str, Any]:
         self.calls.append(("restore_kernel", Path(connection_file).name, entry["kernel_id"]))
+        self.staged = staged
+        self.to_cpu = device_arrays_to_cpu
         if self.fail_on == entry["kernel_id"]:
-            raise RuntimeError("integrity")
+            raise self.failure
         return {"variables": ["x"]}
+
+    failure: Exception = RuntimeError("integrity")
+
+    def stage_kernel(self, entry: dict[str, Any], *, bucket: str, directory: str,
+                     timeout: float, progress: Any = None,
+                     uid: int | None = None) -> list[str] | None:
+        self.calls.append(("stage_kernel", entry["kernel_id"]))
+        if self.fail_on == f"stage:{entry['kernel_id']}":
+            raise self.failure
+        path = Path(directory) / f"{entry['kernel_id']}.seg"
+        path.write_bytes(b"x")
+        return [str(path)]
 
     def write_manifest(self, bucket: str, prefix: str, manifest: dict[str, Any]) -> None:
         self.calls.append(("write_manifest", prefix))
         self.manifest = manifest
 
-    def read_manifest(self, bucket: str, prefix: str) -> dict[str, Any]:
+    def read_manifest(self, bucket: str, prefix: str, *,
+                      expected_sha256: str | None = None) -> dict[str, Any]:
+        self.calls.append(("read_manifest", prefix, expected_sha256))
         assert self.manifest is not None
+        actual = manifest_sha256(self.manifest)
+        if expected_sha256 is not None and actual != expected_sha256:
+            raise SnapshotIntegrityError(f"{prefix}/manifest.json has sha256 {actual[:16]}...")
         return self.manifest
 
     def delete_prefix(self, bucket: str, prefix: str) -> int:
@@ -111,7 +139,7 @@ def _server(tmp_path: Path, kernels: int = 2) -> FakeServer:
     )
 
 
-def _take(server: FakeServer, engine: FakeEngine) -> snapshots.SnapshotOutcome:
+def _take(server: FakeServer, engine: FakeEngine, **kwargs: Any) -> snapshots.SnapshotOutcome:
     return take_snapshot(
         server,
         server.runtime_dir,
@@ -122,6 +150,7 @@ def _take(server: FakeServer, engine: FakeEngine) -> snapshots.SnapshotOutcome:
         prefix="/snapshots/t/t--w/s1/",
         timeout=5,
         now=lambda: NOW,
+        **kwargs,
     )
 
 
@@ -248,3 +277,121 @@ def test_restore_of_something_that_is_not_a_manifest(tmp_path: Path) -> None:
             bucket="b",
             timeout=5,
         )
+
+
+POOL = "snapshots/t/t--w/_parts"
+ENTRY = {"format": "stasis.kernel/2", "kernel_id": "k0", "segments": [8],
+         "objects": [{"name": f"{POOL}/{'c' * 64}", "offset": 0, "bytes": 8, "blake3": "c" * 64}]}
+
+
+def test_the_base_snapshot_s_parts_are_offered_for_reuse_if_it_is_the_one_recorded(
+    tmp_path: Path,
+) -> None:
+    engine = FakeEngine()
+    engine.manifest = {"kernels": [{"kernel_id": "k0", "kernelspec": "python3", "entry": ENTRY}]}
+    anchor = manifest_sha256(engine.manifest)
+    base = {"snapshot_id": "s0", "prefix": "snapshots/t/t--w/s0", "manifest_sha256": anchor}
+    _take(_server(tmp_path, kernels=1), engine, base=base)
+    assert ("read_manifest", "snapshots/t/t--w/s0", anchor) in engine.calls
+    assert engine.reuse == {"c" * 64: 8}
+
+    # A base rewritten in the bucket decides nothing: every part is sent, the pause works.
+    engine.manifest["sessions"] = [{"path": "planted.ipynb"}]
+    _take(_server(tmp_path, kernels=1), engine, base=base)
+    assert engine.reuse == {}
+
+
+def test_a_manifest_that_is_not_the_recorded_one_is_refused_as_an_integrity_failure() -> None:
+    engine = FakeEngine()
+    engine.manifest = {"kernels": []}
+    good = manifest_sha256(engine.manifest)
+    assert open_snapshot(engine, "b", "p/s1", snapshot_id="s1", manifest_sha256=good) == {  # type: ignore[arg-type]
+        "kernels": []}
+    with pytest.raises(SnapshotFailed, match="cannot read snapshot s1") as caught:
+        open_snapshot(engine, "b", "p/s1", snapshot_id="s1", manifest_sha256="0" * 64)  # type: ignore[arg-type]
+    assert caught.value.cause == "snapshot_integrity"
+
+
+@pytest.mark.parametrize(("failure", "cause"), [
+    (SnapshotIntegrityError("object x has blake3 ab..."), "snapshot_integrity"),
+    (RestoreRefused("this kernel has no accelerator"), "restore_refused"),
+    (RuntimeError("No module named 'torch'"), None),
+])
+def test_a_restore_failure_says_whether_the_snapshot_is_intact(
+    tmp_path: Path, failure: Exception, cause: str | None,
+) -> None:
+    source, engine = _server(tmp_path, kernels=1), FakeEngine()
+    _take(source, engine)
+    engine.fail_on, engine.failure = "k0", failure
+    with pytest.raises(SnapshotFailed) as caught:
+        restore_snapshot(FakeServer([], [], tmp_path), tmp_path, engine.manifest or {},  # type: ignore[arg-type]
+                         engine=engine, bucket="b", timeout=5, device_arrays_to_cpu=True)  # type: ignore[arg-type]
+    assert caught.value.cause == cause and engine.to_cpu is True
+
+
+def _staged_restore(tmp_path: Path, engine: FakeEngine, root: Path | None,
+                    memory_bytes: int | None = None) -> Any:
+    with snapshots.Staging(engine, engine.manifest or {}, bucket="b", root=root,
+                           timeout=5, memory_bytes=memory_bytes) as staging:
+        directory = staging.directory
+        outcome = restore_snapshot(FakeServer([], [], tmp_path), tmp_path,  # type: ignore[arg-type]
+                                   engine.manifest or {}, engine=engine, bucket="b",  # type: ignore[arg-type]
+                                   timeout=5, staged=staging.futures)
+    return outcome, directory
+
+
+def test_a_resume_downloads_ahead_and_each_kernel_maps_its_own_staged_files(
+    tmp_path: Path,
+) -> None:
+    source, engine = _server(tmp_path), FakeEngine()
+    _take(source, engine)
+    engine.calls.clear()
+    root = tmp_path / "shm"
+    root.mkdir()
+
+    outcome, directory = _staged_restore(tmp_path, engine, root)
+
+    assert [c for c in engine.calls if c[0] == "stage_kernel"] == [
+        ("stage_kernel", "k0"), ("stage_kernel", "k1")]
+    assert engine.staged == [str(directory / "k1.seg")]  # the last kernel got its own
+    assert directory is not None and directory.parent == root and not directory.exists()
+    assert {"kernel_ready", "staged_wait", "restore", "sessions"} <= set(outcome.phases_ms)
+
+
+def test_without_shared_memory_each_kernel_downloads_its_own(tmp_path: Path) -> None:
+    source, engine = _server(tmp_path, kernels=1), FakeEngine()
+    _take(source, engine)
+    engine.calls.clear()
+    _outcome, directory = _staged_restore(tmp_path, engine, None)
+    assert directory is None and engine.staged is None
+    assert [c[0] for c in engine.calls] == ["restore_kernel"]
+
+
+def test_a_part_damaged_while_staging_fails_the_resume_as_an_integrity_failure(
+    tmp_path: Path,
+) -> None:
+    source, engine = _server(tmp_path, kernels=1), FakeEngine()
+    _take(source, engine)
+    engine.fail_on, engine.failure = "stage:k0", SnapshotIntegrityError("object x has blake3")
+    root = tmp_path / "shm"
+    root.mkdir()
+    with pytest.raises(SnapshotFailed, match="restoring kernel k0") as caught:
+        _staged_restore(tmp_path, engine, root)
+    assert caught.value.cause == "snapshot_integrity"
+    assert not [c for c in engine.calls if c[0] == "restore_kernel"]
+    assert list(root.iterdir()) == []
+
+
+def test_a_kernel_larger_than_its_memory_limit_downloads_its_own(tmp_path: Path) -> None:
+    """Shared mappings escape RLIMIT_DATA: a state over the limit (a resume onto a smaller
+    profile) is downloaded by its kernel, which meets its limit as before."""
+    source, engine = _server(tmp_path, kernels=1), FakeEngine()  # 100 bytes of state
+    _take(source, engine)
+    engine.calls.clear()
+    root = tmp_path / "shm"
+    root.mkdir()
+    _staged_restore(tmp_path, engine, root, memory_bytes=99)
+    assert [c[0] for c in engine.calls] == ["restore_kernel"] and engine.staged is None
+    engine.calls.clear()
+    _staged_restore(tmp_path, engine, root, memory_bytes=100)
+    assert [c[0] for c in engine.calls] == ["stage_kernel", "restore_kernel"]

@@ -212,6 +212,41 @@ def test_a_token_in_the_url_is_refused_and_its_link_revoked(h: Harness) -> None:
     assert h.exposed == [token_hash(token)]
 
 
+@pytest.mark.parametrize("path", [
+    "/api/%252e%252e/%252e%252e/files/x",  # double-encoded: %2e%2e once decoded
+    "/api/contents/%252fetc",
+    "/api/%2e%2e/files/x",  # encoded once: .. once decoded
+    "/api/contents/../../files/x",
+    "/api/contents/a\\..\\b",
+])
+def test_a_path_that_would_decode_again_or_climb_is_refused_before_it_is_forwarded(
+        h: Harness, path: str) -> None:
+    token = h.token(scope="read")
+    response = h.get(token, path)
+    assert (response.status_code, response.json["error"]) == (400, "bad_path")
+    assert h.gateway.forwarded == []
+
+
+def test_the_path_is_forwarded_as_it_was_decided_on(h: Harness) -> None:
+    token = h.token(scope="read")
+    assert h.get(token, "/api//contents///work.ipynb").status_code == 200
+    assert h.gateway.forwarded == [("GET", "api/contents/work.ipynb", "", b"")]
+    assert h.get(token, "/api/contents/100%25 done.txt").status_code == 200  # a literal %
+    assert h.gateway.forwarded[-1][1] == "api/contents/100% done.txt"
+
+
+def test_a_link_is_refused_by_a_later_workspace_of_the_same_id(h: Harness) -> None:
+    h.store.workspaces[WS] = dataclasses.replace(h.store.workspaces[WS], incarnation="inc-1")
+    token = h.token()
+    assert h.get(token).status_code == 200
+    # Deleted, then created again under the same id (here by alice): another workspace.
+    h.store.workspaces[WS] = Target(WS, "ml-a", "alice", "RUNNING", 9, incarnation="inc-2")
+    h.mono.sleep(5)  # past the proxy's cache
+    response = h.get(token)
+    assert (response.status_code, response.json["error"]) == (410, "workspace_gone")
+    assert "earlier workspace" in response.json["message"]
+
+
 def test_creator_removed_from_the_team_takes_the_link_down(h: Harness) -> None:
     token = h.token(user="bob")
     assert h.get(token).status_code == 200
@@ -400,6 +435,18 @@ def test_a_read_link_does_not_resume(h: Harness) -> None:
     response = h.get(token, "/api/contents")
     assert (response.status_code, response.json["error"]) == (409, "workspace_paused")
     assert [e.name for e in h.bus.events] == ["link.created"]
+
+
+def test_a_queued_workspace_is_refused_at_once_with_a_retry_after(h: Harness) -> None:
+    """Queued for capacity may last hours: neither the cell nor a REST call is held."""
+    token = h.token()
+    h.store.workspaces[WS] = Target(WS, "ml-a", "bob", "QUEUED", 4)
+    response, _ = h.execute(token)
+    assert (response.status_code, response.json["error"]) == (503, "workspace_queued")
+    assert response.headers["Retry-After"] == "60" and "queued" in response.json["message"]
+    assert h.get(token, "/api/contents").status_code == 503
+    assert [e.name for e in h.bus.events] == ["link.created"]  # no resume asked
+    assert h.gateway.executions == []
 
 
 def test_a_rest_request_on_an_exec_link_waits_for_the_resume(h: Harness) -> None:

@@ -249,8 +249,8 @@ def test_the_reconciler_ends_lost_jobs_once_and_dry_run_publishes_none() -> None
                                    "action": "JobFinished"}
 
 
-def test_an_unreachable_runtime_answers_503_with_the_reason(monkeypatch) -> None:
-    from functions import bootstrap
+def test_an_unreachable_runtime_answers_503_with_the_reason() -> None:
+    from functions.handlers import scheduled
     from functions.ports import RuntimeUnavailable
 
     class Runtime:
@@ -260,6 +260,5 @@ def test_an_unreachable_runtime_answers_503_with_the_reason(monkeypatch) -> None
     fake = SimpleNamespace(store=SimpleNamespace(list_workspaces=lambda states: []),
                            runtime=Runtime(), clock=lambda: datetime.now(UTC),
                            sandboxes=None, jobs=None)
-    monkeypatch.setattr(bootstrap, "deps", lambda: fake)
-    body, status = bootstrap.reconcile(SimpleNamespace(args={}))
+    body, status = scheduled.reconcile(SimpleNamespace(args={}), fake)
     assert status == 503 and "node agent at http://127.0.0.1:1 unreachable" in body["error"]

@@ -16,14 +16,19 @@ from functions.domain.lifecycle import State, Workspace
 from functions.domain.retention import (
     ExpiryReason,
     SnapshotRecord,
+    StoredPart,
     StoredSnapshot,
+    deletable_parts,
     deletes_with_workspace,
     find_orphans,
-    live_bytes_by_team,
+    held_bytes,
     may_expire,
     parse_object_name,
+    parse_part_name,
+    part_names,
     plan,
     snapshot_prefix,
+    unshared_bytes,
 )
 
 CONFIG = yaml.safe_load(
@@ -122,7 +127,7 @@ def test_snapshots_of_a_deleted_workspace_go_unless_the_policy_keeps_them() -> N
 def test_expired_and_deleted_records_are_not_planned_again() -> None:
     records = [rec(2, days_old=40, status="expired"), rec(3, days_old=40, status="deleted")]
     assert plan(records, {"ml-a--nb": ws()}, CATALOG, NOW).expiries == []
-    assert live_bytes_by_team([*records, rec(4)]) == {"ml-a": GIB}
+    assert held_bytes([*records, rec(4)]) == {"ml-a": GIB}
 
 
 def test_may_expire_is_the_handlers_last_check() -> None:
@@ -169,3 +174,101 @@ def test_object_names_and_prefixes() -> None:
         "ml-a", "ml-a--nb", "ml-a--nb-v3")
     assert parse_object_name("snapshots/ml-a/ml-a--nb/manifest.json") is None
     assert parse_object_name("sandboxes/ml-a/x/y/z") is None
+
+
+# -- shared parts ---------------------------------------------------------------------------
+
+MIB = 2**20
+POOL = "snapshots/ml-a/ml-a--nb/_parts/"
+
+
+def shared(version: int, parts: str, *, days_old: float = 1, status: str = "ready"
+           ) -> SnapshotRecord:
+    """A record whose parts are named by letters: ``"abc"`` uses parts a, b and c, each
+    100 MiB (shared with every other record that names the same letter)."""
+    import dataclasses
+
+    return dataclasses.replace(rec(version, days_old=days_old, status=status),
+                               bytes=len(parts) * 100 * MIB,
+                               parts={f"_parts/{p}": 100 * MIB for p in parts})
+
+
+def test_shared_parts_are_counted_once_and_released_when_no_snapshot_uses_them() -> None:
+    v2, v4, v6 = shared(2, "abcd"), shared(4, "abce"), shared(6, "abcef")
+    assert held_bytes([v2, v4, v6]) == {"ml-a": 6 * 100 * MIB}  # a b c d e f
+    # Recording v6 after v2 and v4 adds only f; expiring v2 releases only d.
+    assert unshared_bytes(v6, [v2, v4]) == 100 * MIB
+    assert unshared_bytes(v2, [v4, v6]) == 100 * MIB
+    assert unshared_bytes(v4, [v2, v6]) == 0  # everything it holds, another one holds too
+    # Expired records hold nothing; a record of the older format holds its own bytes.
+    assert unshared_bytes(v6, [shared(4, "abce", status="expired")]) == 5 * 100 * MIB
+    assert held_bytes([v6, rec(8, size=GIB)]) == {"ml-a": 5 * 100 * MIB + GIB}
+
+
+def test_a_part_is_deletable_only_when_unused_and_not_freshly_written() -> None:
+    v4, v6 = shared(4, "ab"), shared(6, "bc", status="expired")
+    old, fresh = NOW - timedelta(hours=3), NOW - timedelta(minutes=5)
+    pool = [StoredPart("ml-a", "ml-a--nb", POOL + name, 100 * MIB, updated, 7)
+            for name, updated in (("a", old), ("b", old), ("c", old), ("x", fresh))]
+    deletable = deletable_parts(pool, [v4, v6], NOW)
+    # a and b are v4's; c was only the expired v6's; x may be a capture in progress.
+    assert [p.name for p in deletable] == [POOL + "c"]
+
+
+def test_team_bytes_expire_what_frees_bytes_and_skip_what_is_all_shared() -> None:
+    import dataclasses
+
+    mlb = [dataclasses.replace(shared(v, parts, days_old=days), workspace_id="ml-b--nb",
+                               team="ml-b", id=f"ml-b--nb-v{v}",
+                               parts={f"_parts/{p}": 5 * GIB for p in parts})
+           for v, parts, days in ((2, "ab", 5), (4, "ab", 4), (6, "abc", 3), (8, "cd", 2))]
+    # ml-b may hold 20 GiB: a b c d = 20 GiB fits; add e and it does not.
+    assert plan(mlb, {"ml-b--nb": ws(team="ml-b", current="ml-b--nb-v8")}, CATALOG,
+                NOW).expiries == []
+    mlb.append(dataclasses.replace(mlb[-1], id="ml-b--nb-v10", created_at=NOW,
+                                   parts={"_parts/e": 5 * GIB}))
+    result = plan(mlb, {"ml-b--nb": ws(team="ml-b", current="ml-b--nb-v10")}, CATALOG, NOW)
+    # Oldest first, but only what frees bytes: v2, v4 and v6 hold nothing the others do
+    # not (a, b, c), so expiring them would free nothing; v8 alone holds d.
+    assert reasons(result) == {"ml-b--nb-v8": ExpiryReason.TEAM_BYTES}
+    assert result.over_cap == {}
+
+
+def test_a_record_whose_parts_are_gone_is_an_orphan_record() -> None:
+    v4 = shared(4, "ab", days_old=2)
+    stored = [StoredSnapshot("ml-a", "ml-a--nb", "ml-a--nb-v4", 1, 100)]
+    parts = [StoredPart("ml-a", "ml-a--nb", POOL + "a", 100 * MIB)]
+    orphans = find_orphans([v4], stored, {}, NOW, parts=parts)
+    assert [(e.record.id, e.message) for e in orphans.records] == [
+        ("ml-a--nb-v4", f"no objects at {POOL}b")]
+    whole = [*parts, StoredPart("ml-a", "ml-a--nb", POOL + "b", 100 * MIB)]
+    assert find_orphans([v4], stored, {}, NOW, parts=whole).records == []
+
+
+def test_pool_objects_are_parts_not_snapshots() -> None:
+    assert parse_object_name(POOL + "a1b2") is None
+    assert parse_part_name(POOL + "a1b2") == ("ml-a", "ml-a--nb")
+    assert parse_part_name("snapshots/ml-a/ml-a--nb/ml-a--nb-v2/manifest.json") is None
+    assert part_names({POOL + "a1": 3, "elsewhere/x": 4}, "ml-a--nb") == {
+        "_parts/a1": 3, "elsewhere/x": 4}
+
+
+def test_a_pod_snapshots_objects_are_where_gke_wrote_them() -> None:
+    from functions.domain import retention as r
+
+    uri = "gs://stasis-snapshots/snapshots/ml-a/pod/3f2a9c"
+    record = r.SnapshotRecord("ml-a--nb-v3", "ml-a--nb", "ml-a", bytes=5, uri=uri,
+                              method="pod")
+    assert record.prefix == "snapshots/ml-a/pod/3f2a9c/"
+    kernel = r.SnapshotRecord("ml-a--nb-v5", "ml-a--nb", "ml-a", uri="gs://b/x")
+    assert kernel.prefix == "snapshots/ml-a/ml-a--nb/ml-a--nb-v5/"
+    assert r.pod_prefix("gs://b/elsewhere/ml-a/pod/x") is None
+    assert r.stored_key("snapshots/ml-a/pod/3f2a9c/checkpoint/pages.img") == (
+        "ml-a", "", "3f2a9c", "snapshots/ml-a/pod/3f2a9c/")
+    assert r.stored_key("snapshots/ml-a/ml-a--nb/ml-a--nb-v5/manifest.json") == (
+        "ml-a", "ml-a--nb", "ml-a--nb-v5", None)
+    stored = [r.StoredSnapshot("ml-a", "", "3f2a9c", 2, 5, object_prefix=record.prefix),
+              r.StoredSnapshot("ml-a", "", "0ld", 1, 1, object_prefix="snapshots/ml-a/pod/0ld/")]
+    orphans = r.find_orphans([record], stored, {}, datetime(2030, 1, 1, tzinfo=UTC))
+    assert [o.prefix for o in orphans.objects] == ["snapshots/ml-a/pod/0ld/"]
+    assert orphans.records == []

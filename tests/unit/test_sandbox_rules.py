@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_fakes import Clock, MemoryDb, RecordingSandboxRuntime, handler_deps
 
 from events.payloads import SandboxFinished, SandboxIdleDetected, SandboxSuspended
-from functions.domain import sandbox_manifests as sm
 from functions.domain.catalog import Catalog
 from functions.domain.sandboxes import (
     DEFAULT_LIMITS,
@@ -38,6 +38,9 @@ from functions.domain.sandboxes import (
     resolve_policy,
     suspend,
 )
+from functions.kubernetes.objects import sandbox as sm
+from functions.kubernetes.objects.meta import ANN_IDLE_SECONDS
+from functions.kubernetes.objects.monitor import monitor_manifests
 from runtime.local.node import BadRequest
 from runtime.local.sandbox_task import Watch, classify, exec_argv, scrubbed_env
 from runtime.local.sandboxes import Isolation, parse_run_spec
@@ -281,6 +284,29 @@ def test_finish_frees_the_slot_and_promotes_the_first_waiting(catalog: Catalog) 
     assert [(i, p) for i, p, _ in decision.positions] == [("sbx-4", 1)]
 
 
+def test_an_end_cleans_up_first_then_starts_the_promoted_and_tells_both_changes(
+        catalog: Catalog) -> None:
+    from functions.domain.sandboxes import CleanUpSandbox, StartSandbox
+
+    queue, records = TeamQueue(), {}
+    for sandbox_id in ("sbx-1", "sbx-2", "sbx-3"):
+        records[sandbox_id], queue = admitted(catalog, sandbox_id, queue)
+    decision = finish(records["sbx-1"], SandboxFinished("sbx-1", False, termination="killed"),
+                      policy=DEFAULT_POLICY, queue=queue, load=records.get, now=NOW)
+    assert decision.commands == (CleanUpSandbox("sbx-1", "ml-a"), StartSandbox("sbx-3"))
+    assert [(e.sandbox_id, e.from_state, e.to_state, e.version, e.event_id)
+            for e in decision.events] == [("sbx-1", "RUNNING", "KILLED", 2, "sbx-1-v2"),
+                                          ("sbx-3", "QUEUED", "RUNNING", 2, "sbx-3-v2")]
+    assert decision.outcome()["started"] == ["sbx-3"]
+    # Admission tells the new record's state; a refusal that changes nothing tells nothing.
+    assert [(e.from_state, e.to_state) for e in admit(
+        request("sbx-4"), team=catalog.teams["ml-a"], policy=DEFAULT_POLICY, queue=queue,
+        existing=None, now=NOW).events] == [(None, "QUEUED")]
+    in_use = admit(request("sbx-1"), team=catalog.teams["ml-a"], policy=DEFAULT_POLICY,
+                   queue=queue, existing=records["sbx-1"], now=NOW)
+    assert in_use.events == () and in_use.commands == ()
+
+
 @pytest.mark.parametrize(("state", "reason"), [
     (SandboxState.SUCCEEDED, Reason.ALREADY_FINISHED),
     (SandboxState.QUEUED, Reason.NOT_STARTED),
@@ -435,6 +461,29 @@ def test_exit_status_follows_the_shell_convention() -> None:
     assert os.WIFSIGNALED(signal.SIGKILL)
 
 
+@pytest.mark.parametrize("isolation, allowed, uid, consent, refused", [
+    (Isolation(True, True, "probed"), [], 0, False, None),
+    (Isolation(True, True, "probed"), ["pypi.org"], 0, False, None),  # the policy's consent
+    (Isolation(False, True, "unshare: EPERM"), [], 0, False, "network isolation could not"),
+    (Isolation(False, True, "unshare: EPERM"), [], 0, True, None),
+    (Isolation(True, False, "probed", "setuid: EPERM"), [], 0, False, "never runs as root"),
+    (Isolation(True, False, "probed", "setuid: EPERM"), [], 0, True, "never runs as root"),
+    (Isolation(True, False, "probed"), [], 1000, False, "runs as uid 1000, not root"),
+    (Isolation(True, False, "probed"), [], 1000, True, None),
+])
+def test_sandboxes_fail_closed(isolation: Isolation, allowed: list[str], uid: int,
+                               consent: bool, refused: str | None) -> None:
+    why = isolation.refusal(allowed, agent_uid=uid, allow_unisolated=consent)
+    assert (why is None) == (refused is None), why
+    assert refused is None or (why is not None and refused in why)
+
+
+def test_every_task_gets_rlimit_nproc() -> None:
+    spec = {"net": "isolated", "limits": {"processes": 64}, "uid": None}
+    argv = exec_argv(spec, ["true"], cwd="/w", cpu_seconds=1, memory_bytes=1, file_bytes=1)
+    assert argv[argv.index("--processes") + 1] == "64"
+
+
 def test_network_statements_never_overstate() -> None:
     enforced = Isolation(True, True, "probed")
     assert enforced.statement([]).startswith("none: a network namespace")
@@ -473,112 +522,16 @@ def test_the_policy_schema_and_the_domain_agree() -> None:
 # -- the handler, against small fakes ------------------------------------------------------
 
 
-class _FakeView:
-    def __init__(self, docs: dict[tuple[str, str], dict[str, Any]]) -> None:
-        self.docs = docs
-        self.outcome: dict[str, Any] = {}
-        self.writes: list[tuple[str, str, dict[str, Any], bool]] = []
-
-    def sandbox(self, sandbox_id: str) -> Sandbox | None:
-        doc = self.docs.get(("sandboxes", sandbox_id))
-        return Sandbox.from_doc(doc) if doc else None
-
-    def queue(self, team: str) -> TeamQueue:
-        return TeamQueue.from_doc(self.docs.get(("sandbox_queues", team)))
-
-    def policy_section(self) -> dict[str, Any] | None:
-        return {"concurrency": 1}
-
-    def set(self, collection: str, doc_id: str, data: dict[str, Any]) -> None:
-        self.writes.append((collection, doc_id, data, False))
-
-    def update(self, collection: str, doc_id: str, fields: dict[str, Any]) -> None:
-        self.writes.append((collection, doc_id, fields, True))
+def _deps(catalog: Catalog, runtime: RecordingSandboxRuntime) -> Any:
+    """The sandbox handler's ports in memory, under a policy of one slot per team."""
+    db = MemoryDb()
+    db.put("catalog", "current", {"sandboxes": {"concurrency": 1}})
+    return handler_deps(catalog, db=db, sandbox_runtime=runtime, clock=Clock(NOW))
 
 
-class _FakeStore:
-    """Firestore's transaction in a dict: a ledger per (consumer, requestid)."""
-
-    def __init__(self) -> None:
-        self.docs: dict[tuple[str, str], dict[str, Any]] = {}
-        self.ledger: dict[str, Any] = {}
-
-    def transact(self, event: Any, consumer: str, decide: Any, *, subject: str,
-                 now: datetime) -> Any:
-        from types import SimpleNamespace
-
-        key = f"{consumer}|{event.type}|{event.requestid}"
-        if key in self.ledger:
-            return SimpleNamespace(duplicate=True, ledger=self.ledger[key], value=None)
-        view = _FakeView(self.docs)
-        outbox, value = decide(view)
-        for collection, doc_id, data, merge in view.writes:
-            if merge:
-                self.docs[(collection, doc_id)].update(data)
-            elif doc_id:
-                self.docs[(collection, doc_id)] = dict(data)
-        self.ledger[key] = SimpleNamespace(key=key, status="pending" if outbox else "done",
-                                           outbox=outbox)
-        return SimpleNamespace(duplicate=False, ledger=self.ledger[key], value=value)
-
-    def mark_done(self, key: str) -> None:
-        self.ledger[key].status, self.ledger[key].outbox = "done", []
-
-    def get(self, sandbox_id: str) -> Sandbox | None:
-        doc = self.docs.get(("sandboxes", sandbox_id))
-        return Sandbox.from_doc(doc) if doc else None
-
-
-class _FakeRuntime:
-    name = "fake"
-
-    def __init__(self, refuse: bool = False) -> None:
-        self.started: list[RunSpec] = []
-        self.resumed: list[RunSpec] = []
-        self.cleaned: list[tuple[str, str]] = []
-        self.released: list[tuple[str, str]] = []
-        self.suspended: list[tuple[str, str, int, int]] = []
-        self.refuse = refuse
-
-    def start(self, spec: RunSpec) -> None:
-        from functions.ports import RuntimeRefused
-
-        if self.refuse:
-            raise RuntimeRefused("no such repository on this node")
-        self.started.append(spec)
-
-    def resume(self, spec: RunSpec) -> None:
-        from functions.ports import RuntimeRefused
-
-        if self.refuse:
-            raise RuntimeRefused(f"sandbox {spec.sandbox_id} is not known on this node")
-        self.resumed.append(spec)
-
-    def cancel(self, sandbox_id: str) -> None: ...
-
-    def cleanup(self, sandbox_id: str, *, team: str) -> None:
-        self.cleaned.append((sandbox_id, team))
-
-    def release(self, sandbox_id: str, *, team: str) -> None:
-        self.released.append((sandbox_id, team))
-
-    def suspend(self, sandbox_id: str, *, team: str, sequence: int, idle_seconds: int) -> None:
-        from functions.ports import RuntimeRefused
-
-        if self.refuse:
-            raise RuntimeRefused(f"sandbox {sandbox_id} has no running pod to suspend")
-        self.suspended.append((sandbox_id, team, sequence, idle_seconds))
-
-
-def _deps(catalog: Catalog, runtime: _FakeRuntime) -> Any:
-    from functions.handlers.deps import Deps
-    from functions.handlers.sandbox_ports import SandboxDeps
-    from runtime.local.publisher import RecordingPublisher
-
-    return Deps(store=None, bus=RecordingPublisher(), runtime=None,  # type: ignore[arg-type]
-                snapshots=None, catalog=lambda: catalog,  # type: ignore[arg-type]
-                clock=lambda: NOW, snapshot_bucket="bucket", dead_letters=None,  # type: ignore[arg-type]
-                sandboxes=SandboxDeps(_FakeStore(), runtime))  # type: ignore[arg-type]
+def _docs(deps: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    db: MemoryDb = deps.store.db
+    return db.docs
 
 
 def _requested(sandbox_id: str, requestid: str | None = None) -> Any:
@@ -592,7 +545,7 @@ def _requested(sandbox_id: str, requestid: str | None = None) -> Any:
 def test_the_handler_starts_admitted_sandboxes_once(catalog: Catalog) -> None:
     from functions.handlers import sandboxes as handler
 
-    runtime = _FakeRuntime()
+    runtime = RecordingSandboxRuntime()
     deps = _deps(catalog, runtime)
     event = _requested("sbx-1")
     handler.handle(event, deps, "on_sandbox_requested")
@@ -602,8 +555,8 @@ def test_the_handler_starts_admitted_sandboxes_once(catalog: Catalog) -> None:
     spec = runtime.started[0]
     assert (spec.bucket, spec.prefix, spec.requestid) == ("bucket", "sandboxes/ml-a/sbx-1",
                                                           event.requestid)
-    store = deps.sandboxes.store
-    assert store.docs[("sandboxes", "sbx-2")]["state"] == "QUEUED"
+    store = _docs(deps)
+    assert store[("sandboxes", "sbx-2")]["state"] == "QUEUED"
 
     from events import SandboxFinished, new_event
 
@@ -611,18 +564,18 @@ def test_the_handler_starts_admitted_sandboxes_once(catalog: Catalog) -> None:
                      source="//runtime", requestid=event.requestid)
     handler.handle(done, deps, "on_sandbox_finished")
     assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]
-    assert store.docs[("sandboxes", "sbx-1")]["state"] == "SUCCEEDED"
-    assert store.docs[("sandboxes", "sbx-2")]["state"] == "RUNNING"
+    assert store[("sandboxes", "sbx-1")]["state"] == "SUCCEEDED"
+    assert store[("sandboxes", "sbx-2")]["state"] == "RUNNING"
 
 
 def test_a_runtime_refusal_is_reported_as_failed_to_start(catalog: Catalog) -> None:
     from functions.handlers import sandboxes as handler
 
-    deps = _deps(catalog, _FakeRuntime(refuse=True))
+    deps = _deps(catalog, RecordingSandboxRuntime(refuse=True))
     event = _requested("sbx-1")
     handler.handle(event, deps, "on_sandbox_requested")
-    [published] = deps.bus.events
-    assert published.name == "sandbox.finished" and published.requestid == event.requestid
+    [published] = [e for e in deps.bus.events if e.name == "sandbox.finished"]
+    assert published.requestid == event.requestid
     assert published.payload.termination == "failed_to_start"
     assert "no such repository" in published.payload.error
 
@@ -844,23 +797,23 @@ def test_the_handler_suspends_and_resumes_through_the_runtime(catalog: Catalog) 
     from events import SandboxResumeRequested, SandboxSuspended
     from functions.handlers import sandboxes as handler
 
-    runtime = _FakeRuntime()
+    runtime = RecordingSandboxRuntime()
     deps = _deps(catalog, runtime)  # the fake policy: one slot
     request = _requested("sbx-1")
     handler.handle(request, deps, "on_sandbox_requested")
     handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")
-    store = deps.sandboxes.store
+    store = _docs(deps)
     suspended = _event(SandboxSuspended("sbx-1", 600, checkpoint_uri="gs://b/c.diff",
                                         checkpoint_bytes=9),
                        requestid=f"{request.requestid}.suspend-1")
     handler.handle(suspended, deps, "on_sandbox_suspended")
     handler.handle(suspended, deps, "on_sandbox_suspended")  # a redelivery
-    assert store.docs[("sandboxes", "sbx-1")]["state"] == "SUSPENDED"
+    assert store[("sandboxes", "sbx-1")]["state"] == "SUSPENDED"
     assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]
 
     resume = _event(SandboxResumeRequested("sbx-1", "alice"))
     handler.handle(resume, deps, "on_sandbox_resume_requested")
-    assert store.docs[("sandboxes", "sbx-1")]["reason"] == "resume_queued"
+    assert store[("sandboxes", "sbx-1")]["reason"] == "resume_queued"
     assert runtime.resumed == []
 
     from events import SandboxFinished
@@ -869,7 +822,7 @@ def test_the_handler_suspends_and_resumes_through_the_runtime(catalog: Catalog) 
                    "on_sandbox_finished")
     assert [s.sandbox_id for s in runtime.resumed] == ["sbx-1"]
     assert [s.sandbox_id for s in runtime.started] == ["sbx-1", "sbx-2"]  # not started again
-    doc = store.docs[("sandboxes", "sbx-1")]
+    doc = store[("sandboxes", "sbx-1")]
     assert (doc["state"], doc["reason"], doc["suspensions"]) == ("RUNNING", "resumed", 1)
     handler.handle(resume, deps, "on_sandbox_resume_requested")  # a redelivery
     assert len(runtime.resumed) == 1
@@ -880,7 +833,7 @@ def test_an_ended_sandbox_is_cleaned_up_and_a_pod_suspension_releases_its_pod(
     from events import SandboxFinished, SandboxSuspended
     from functions.handlers import sandboxes as handler
 
-    runtime = _FakeRuntime()
+    runtime = RecordingSandboxRuntime()
     deps = _deps(catalog, runtime)
     handler.handle(_requested("sbx-1"), deps, "on_sandbox_requested")
     handler.handle(_event(SandboxSuspended("sbx-1", 600)), deps, "on_sandbox_suspended")
@@ -903,15 +856,15 @@ def test_a_runtime_that_lost_a_suspended_sandbox_reports_it_lost(catalog: Catalo
     from events import SandboxResumeRequested, SandboxSuspended
     from functions.handlers import sandboxes as handler
 
-    deps = _deps(catalog, _FakeRuntime())
+    deps = _deps(catalog, RecordingSandboxRuntime())
     request = _requested("sbx-1")
     handler.handle(request, deps, "on_sandbox_requested")
     handler.handle(_event(SandboxSuspended("sbx-1", 600)), deps, "on_sandbox_suspended")
     deps.sandboxes.runtime.refuse = True
     handler.handle(_event(SandboxResumeRequested("sbx-1", "alice")), deps,
                    "on_sandbox_resume_requested")
-    [lost] = deps.bus.events
-    assert lost.name == "sandbox.finished" and lost.requestid == request.requestid
+    [lost] = [e for e in deps.bus.events if e.name == "sandbox.finished"]
+    assert lost.requestid == request.requestid
     assert lost.payload.termination == "runtime_lost"
     assert "refused to resume" in lost.payload.error
 
@@ -932,8 +885,11 @@ class _SandboxPageReader:
         return {i: self.document(collection, i) for i in doc_ids}
 
     def _where(self, where: Any) -> list[dict[str, Any]]:
+        def holds(d: dict[str, Any], name: str, op: str, value: Any) -> bool:
+            return d.get(name) in value if op == "in" else d.get(name) == value
+
         return [{**d, "id": i} for i, d in self.sandboxes.items()
-                if all(d.get(name) == value for name, _op, value in where)]
+                if all(holds(d, name, op, value) for name, op, value in where)]
 
     def page(self, query: Any) -> Any:
         from functions.dashboard.reads import Page
@@ -992,7 +948,7 @@ def test_the_dashboard_shows_a_suspended_sandbox_and_how_to_resume_it(catalog: C
 def test_an_idle_report_suspends_only_a_running_sandbox_idle_past_its_limit(
         catalog: Catalog, state: SandboxState, suspensions: int, idle_limit: int,
         observed: int, sequence: int, reason: Reason, suspend_as: int | None) -> None:
-    from functions.domain.sandboxes import SuspendCommand, idle_detected
+    from functions.domain.sandboxes import SuspendSandbox, idle_detected
 
     records, _ = _running(catalog, "sbx-1")
     record = dataclasses.replace(
@@ -1008,7 +964,7 @@ def test_an_idle_report_suspends_only_a_running_sandbox_idle_past_its_limit(
         assert not decision.accepted and decision.suspend == ()
     else:
         assert decision.accepted
-        assert decision.suspend == (SuspendCommand("sbx-1", "ml-a", suspend_as, observed),)
+        assert decision.suspend == (SuspendSandbox("sbx-1", "ml-a", suspend_as, observed),)
         assert f"idle {observed} s (limit {idle_limit} s)" in decision.message
     unknown = idle_detected(None, SandboxIdleDetected("sbx-0", 700, OBSERVED_AT))
     assert (unknown.accepted, unknown.reason, unknown.suspend) == (
@@ -1019,11 +975,11 @@ def test_the_handler_has_the_runtime_suspend_an_idle_sandbox_once(catalog: Catal
     from events import SandboxIdleDetected, SandboxSuspended
     from functions.handlers import sandboxes as handler
 
-    runtime = _FakeRuntime()
+    runtime = RecordingSandboxRuntime()
     deps = _deps(catalog, runtime)
     request = _requested("sbx-1")
     handler.handle(request, deps, "on_sandbox_requested")
-    store = deps.sandboxes.store
+    store = _docs(deps)
 
     def idle(seconds: int, sequence: int = 1) -> Any:
         return _event(SandboxIdleDetected("sbx-1", seconds, "2025-06-10T12:10:00+00:00",
@@ -1037,7 +993,7 @@ def test_the_handler_has_the_runtime_suspend_an_idle_sandbox_once(catalog: Catal
     handler.handle(report, deps, "on_sandbox_idle_detected")
     handler.handle(report, deps, "on_sandbox_idle_detected")  # a redelivery
     assert runtime.suspended == [("sbx-1", "ml-a", 1, 615)]
-    assert store.docs[("sandboxes", "sbx-1")]["state"] == "RUNNING"  # until it is held
+    assert store[("sandboxes", "sbx-1")]["state"] == "RUNNING"  # until it is held
 
     handler.handle(_event(SandboxSuspended("sbx-1", 615, method="pod"),
                           requestid=f"{request.requestid}.suspend-1"),
@@ -1047,12 +1003,12 @@ def test_the_handler_has_the_runtime_suspend_an_idle_sandbox_once(catalog: Catal
 
     # A runtime that no longer has it refuses: logged, never retried.
     handler.handle(_requested("sbx-2"), deps, "on_sandbox_requested")
-    assert store.docs[("sandboxes", "sbx-2")]["state"] == "RUNNING"
+    assert store[("sandboxes", "sbx-2")]["state"] == "RUNNING"
     runtime.refuse = True
     second = _event(SandboxIdleDetected("sbx-2", 615, "2025-06-10T12:10:00+00:00"))
     assert handler.handle(second, deps, "on_sandbox_idle_detected").accepted  # type: ignore[union-attr]
-    assert [e for e in deps.bus.events if e.subject == "sbx-2"] == []  # nothing ended
-    assert all(entry.status == "done" for entry in store.ledger.values())
+    assert [e for e in deps.bus.events if e.name == "sandbox.finished"] == []  # nothing ended
+    assert all(entry["status"] == "done" for entry in deps.store.entries())
 
 
 def test_runtimes_that_suspend_by_themselves_refuse_a_suspend_command() -> None:
@@ -1067,14 +1023,12 @@ def test_runtimes_that_suspend_by_themselves_refuse_a_suspend_command() -> None:
 
 
 def test_the_monitor_may_read_pod_metrics_and_the_pod_says_its_idle_limit() -> None:
-    from functions.domain import manifests as m
-
-    role = next(o for o in m.monitor_manifests(project="p") if o["kind"] == "ClusterRole")
+    role = next(o for o in monitor_manifests(project="p") if o["kind"] == "ClusterRole")
     metrics = [r for r in role["rules"] if r["apiGroups"] == ["metrics.k8s.io"]]
     assert metrics == [{"apiGroups": ["metrics.k8s.io"], "resources": ["pods"],
                         "verbs": ["get", "list"]}]
     spec = RunSpec("sbx-1", "ml-a", "https://git.example/r.git", "main", "true",
                    dataclasses.replace(DEFAULT_LIMITS, idle_seconds=120), (), "r-1", "b",
                    "sandboxes/ml-a/sbx-1")
-    assert sm.sandbox_pod(spec, "0" * 40)["metadata"]["annotations"][sm.ANN_IDLE_SECONDS] == \
+    assert sm.sandbox_pod(spec, "0" * 40)["metadata"]["annotations"][ANN_IDLE_SECONDS] == \
         "120"

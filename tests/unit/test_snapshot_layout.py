@@ -7,11 +7,50 @@ import pytest
 from runtime.snapshot import layout
 
 
+def _cut(sizes: list[int], part_bytes: int, **kwargs: object) -> list[tuple[int, int]]:
+    return [(p.offset, p.size) for p in layout.plan_parts(sizes, part_bytes, **kwargs)]  # type: ignore[arg-type]
+
+
 def test_parts_cover_the_stream_with_a_short_last_part() -> None:
-    parts = layout.plan_parts(10, 4)
+    parts = layout.plan_parts([10], 4)
     assert [(p.index, p.offset, p.size) for p in parts] == [(0, 0, 4), (1, 4, 4), (2, 8, 2)]
-    assert layout.plan_parts(8, 4)[-1].size == 4
-    assert layout.plan_parts(0, 4) == []
+    assert layout.plan_parts([8], 4)[-1].size == 4
+    assert layout.plan_parts([0], 4) == [] == layout.plan_parts([], 4)
+
+
+def test_large_segments_are_cut_from_their_own_start() -> None:
+    # The pickle stream (3 bytes) alone; a 9-byte buffer cut at 0, 4, 8 of its own.
+    assert _cut([3, 9], 4) == [(0, 3), (3, 4), (7, 4), (11, 1)]
+
+
+def test_small_segments_are_packed_until_a_part_is_full() -> None:
+    # stream | 1+2 packed | 3 (adding it would pass 4) | 5 cut alone | 2+1 packed
+    assert _cut([2, 1, 2, 3, 5, 2, 1], 4, pack_below=4) == [
+        (0, 2), (2, 3), (5, 3), (8, 4), (12, 1), (13, 3)]
+    # A segment named alone (device memory) is never packed with its neighbours.
+    assert _cut([2, 1, 1, 1], 4, alone={2}, pack_below=4) == [(0, 2), (2, 1), (3, 1), (4, 1)]
+    # By default a quarter part is enough to stand alone.
+    assert _cut([1, 1, 1, 3, 40, 4], 16) == [(0, 1), (1, 5), (6, 16), (22, 16), (38, 8), (46, 4)]
+
+
+def test_a_change_elsewhere_does_not_move_an_array_s_parts() -> None:
+    """Why the cut follows the segments: a bigger pickle stream (a new variable) or a
+    neighbour that grew keeps the parts, hence the digests, of an unchanged array."""
+    before = layout.plan_parts([100, 8, 40], 16)
+    after = layout.plan_parts([130, 9, 40], 16)
+
+    def array_parts(parts: list[layout.Part], start: int) -> list[tuple[int, int]]:
+        return [(p.offset - start, p.size) for p in parts if p.offset >= start]
+
+    assert array_parts(before, 108) == array_parts(after, 139) == [(0, 16), (16, 16), (32, 8)]
+
+
+def test_part_bytes_grow_to_keep_few_parts() -> None:
+    mib = 1024 * 1024
+    assert layout.part_bytes_for(10 * mib, 16 * mib) == 16 * mib
+    assert layout.part_bytes_for(100 * 1024 * mib, 16 * mib) == 32 * mib
+    assert layout.part_bytes_for(140 * 1000 * mib, 16 * mib) == 64 * mib
+    assert layout.part_bytes_for(1, 1) == layout.MIN_PART_BYTES
 
 
 def test_segment_offsets() -> None:
@@ -48,14 +87,16 @@ def test_window_past_the_end_is_refused() -> None:
 
 
 def test_names_and_prefixes() -> None:
-    assert layout.kernel_prefix("/team/ws/snap-1/", "k-1") == "team/ws/snap-1/k-1"
-    assert layout.part_name("p/k", 7) == "p/k/part-00007"
+    assert layout.pool_prefix("/snapshots/t/t--ws/snap-1/") == "snapshots/t/t--ws/_parts"
+    assert layout.pool_prefix("snap-1") == "_parts"
+    assert layout.part_name("snapshots/t/t--ws/_parts", "ab12") == "snapshots/t/t--ws/_parts/ab12"
     for bad in ("", "/", "a//b"):
         with pytest.raises(ValueError, match="prefix"):
             layout.normalize_prefix(bad)
+    assert layout.check_kernel_id("k-1.x") == "k-1.x"
     for bad in ("", "a/b", "../x", "x" * 200):
         with pytest.raises(ValueError, match="kernel id"):
-            layout.kernel_prefix("p", bad)
+            layout.check_kernel_id(bad)
 
 
 def test_objects_must_tile_the_stream() -> None:

@@ -12,30 +12,24 @@ from runtime.snapshot import FORMAT, ManifestError
 from runtime.snapshot.errors import CaptureFailed, RestoreFailed, SnapshotIntegrityError
 from runtime.snapshot.inkernel import check_entry
 from runtime.snapshot.kernels import _progress_from, _remote_error
-from runtime.snapshot.manifest import manifest_name, normalize_manifest
+from runtime.snapshot.manifest import (
+    manifest_name,
+    manifest_parts,
+    normalize_manifest,
+    reusable_parts,
+)
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def entry(kernel_id: str = "k-1", prefix: str = "team/ws/s1") -> dict[str, Any]:
+def entry(kernel_id: str = "k-1", pool: str = "team/ws/_parts") -> dict[str, Any]:
     return {
         "format": FORMAT,
         "kernel_id": kernel_id,
-        "prefix": f"{prefix}/{kernel_id}",
         "segments": [10, 30],
         "objects": [
-            {
-                "name": f"{prefix}/{kernel_id}/part-00000",
-                "offset": 0,
-                "bytes": 32,
-                "sha256": "a" * 64,
-            },
-            {
-                "name": f"{prefix}/{kernel_id}/part-00001",
-                "offset": 32,
-                "bytes": 8,
-                "sha256": "b" * 64,
-            },
+            {"name": f"{pool}/{'a' * 64}", "offset": 0, "bytes": 10, "blake3": "a" * 64},
+            {"name": f"{pool}/{'b' * 64}", "offset": 10, "bytes": 30, "blake3": "b" * 64},
         ],
         "variables": [{"name": "x", "type": "int", "bytes": 5}],
         "skipped": [{"name": "lock", "type": "_thread.lock", "reason": "TypeError: no"}],
@@ -58,12 +52,13 @@ def test_totals_skipped_format_and_created_at_are_derived() -> None:
     doc = normalize_manifest(
         manifest(entry("k-1"), entry("k-2"), workspace="ws"), prefix="team/ws/s1", now=NOW
     )
-    assert doc["format"] == FORMAT == "stasis.kernel/1"
+    assert doc["format"] == FORMAT == "stasis.kernel/2"
     assert doc["method"] == "kernel"
     assert doc["created_at"] == "2025-03-01T12:00:00Z"
     assert doc["workspace"] == "ws"
     assert doc["totals"] == {
-        "kernels": 2, "objects": 4, "bytes": 80, "variables": 2, "skipped": 2, "seconds": 2.5,
+        "kernels": 2, "objects": 4, "bytes": 80, "variables": 2, "skipped": 2,
+        "uploaded_bytes": 80, "seconds": 2.5,
     }  # fmt: skip
     assert doc["skipped"] == [
         {"kernel_id": "k-1", "name": "lock", "type": "_thread.lock", "reason": "TypeError: no"},
@@ -87,9 +82,9 @@ def test_a_workspace_without_kernels_is_a_valid_snapshot() -> None:
     ("doc", "message"),
     [
         ({}, "needs a 'kernels' list"),
-        ({"kernels": [], "format": "stasis.kernel/9"}, "not 'stasis.kernel/1'"),
+        ({"kernels": [], "format": "stasis.kernel/9"}, "not 'stasis.kernel/2'"),
         (manifest(entry(), entry()), "appears twice"),
-        (manifest(entry(prefix="other/place")), "outside"),
+        (manifest(entry(pool="team/other-ws/_parts")), "outside"),
         (
             {"kernels": [{"kernel_id": "k-1", "kernelspec": "python3", "entry": entry("k-2")}]},
             "carries the entry",
@@ -109,12 +104,30 @@ def test_bad_manifests_are_refused_with_the_reason(doc: dict[str, Any], message:
         ({"format": "other/1"}, "format"),
         ({"segments": [10, -1]}, "segments"),
         ({"segments": [10, 31]}, "cover 40 bytes"),
-        ({"objects": [{"name": "x", "offset": 0, "bytes": 40}]}, "sha256"),
+        ({"objects": [{"name": "x", "offset": 0, "bytes": 40}]}, "no digest"),
+        ({"placements": [None]}, "placements"),
     ],
 )
 def test_bad_entries_are_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         check_entry({**entry(), **change})
+
+
+def test_a_format_1_snapshot_with_parts_in_its_own_folder_is_still_valid() -> None:
+    legacy = {**entry(), "format": "stasis.kernel/1", "objects": [
+        {"name": "team/ws/s1/k-1/part-00000", "offset": 0, "bytes": 40, "sha256": "c" * 64}]}
+    check_entry(legacy)
+    doc = normalize_manifest(manifest(legacy), prefix="team/ws/s1", now=NOW)
+    assert manifest_parts(doc) == {"team/ws/s1/k-1/part-00000": 40}
+    assert reusable_parts(doc) == {}  # not in the pool: the next capture sends everything
+
+
+def test_the_parts_of_a_snapshot_are_counted_once_and_offered_for_reuse() -> None:
+    shared = entry("k-2")  # the same model loaded in two kernels: the same parts
+    doc = normalize_manifest(manifest(entry("k-1"), shared), prefix="team/ws/s1", now=NOW)
+    assert manifest_parts(doc) == {f"team/ws/_parts/{'a' * 64}": 10,
+                                   f"team/ws/_parts/{'b' * 64}": 30}
+    assert reusable_parts(doc) == {"a" * 64: 10, "b" * 64: 30}
 
 
 def test_manifest_name() -> None:

@@ -57,10 +57,9 @@ def notebook() -> dict[str, Any]:
 
 def round_trip(namespace: dict[str, Any]) -> tuple[dict[str, Any], pickling.NamespaceDump]:
     dump = pickling.dump_namespace(namespace, pickling.user_variables(namespace))
-    main = bytes(dump.segments[0])
-    buffers = [bytearray(s) for s in dump.segments[1:]]
+    restored = [bytes(dump.segments[0]), *(bytearray(s) for s in dump.segments[1:])]
     target: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    values = pickling.load_namespace(main, buffers, target)
+    values = pickling.load_namespace(restored, target, placements=dump.placements)
     assert set(target) == {"__name__", "__builtins__"}  # loading does not apply anything
     target.update(values)
     return target, dump
@@ -150,10 +149,70 @@ def test_a_failed_load_does_not_touch_the_target() -> None:
     broken = bytes(dump.segments[0])[:-5]
     target: dict[str, Any] = {"keep": 1, "__builtins__": __builtins__}
     with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises on a cut stream
-        pickling.load_namespace(broken, [], target)
+        pickling.load_namespace([broken], target)
     assert target == {"keep": 1, "__builtins__": __builtins__}
 
 
 def test_type_names() -> None:
     assert pickling.type_name({}) == "dict"
     assert pickling.type_name(np.zeros(1)) == "numpy.ndarray"
+
+
+# -- device arrays (CPU here; tests/integration/test_snapshot_gpu.py has the GPU side) ----
+
+
+def test_torch_tensors_parameters_and_modules_go_out_of_band_sharing_storage() -> None:
+    torch = pytest.importorskip("torch")
+    base = torch.arange(300_000, dtype=torch.float32).reshape(600, 500)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    namespace = {"base": base, "rows": base[100:200], "model": model,
+                 "half": torch.ones(7, dtype=torch.bfloat16), "frozen": torch.zeros(3)}
+
+    restored, dump = round_trip(namespace)
+
+    kinds = [p for p in dump.placements if p is not None]
+    assert {"kind": "torch", "device": "cpu"} in kinds
+    # One segment per storage: ``rows`` views ``base`` and is not stored again.
+    assert sum(1 for s in dump.segments[1:] if s.nbytes == base.nbytes) == 1
+    assert torch.equal(restored["base"], base) and torch.equal(restored["rows"], base[100:200])
+    restored["rows"][0, 0] = -1.0
+    assert restored["base"][100, 0] == -1.0  # still a view of the same storage
+    weight = restored["model"][0].weight
+    assert type(weight) is torch.nn.Parameter and weight.requires_grad
+    assert torch.equal(weight, model[0].weight) and torch.equal(weight.grad, model[0].weight.grad)
+    assert restored["half"].dtype == torch.bfloat16
+    assert restored["model"](torch.ones(1, 64)).shape == (1, 2)
+
+
+def test_capturing_a_cpu_tensor_copies_none_of_its_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    weights = torch.full((1024, 1024), 3.0)
+    dump = pickling.dump_namespace({"weights": weights}, ["weights"])
+    (segment,) = dump.segments[1:]
+    assert segment.nbytes == weights.nbytes
+    weights[0, 0] = 9.0  # the segment is the tensor's memory, not a copy of it
+    assert segment[:4].cast("f")[0] == 9.0
+    dump.release()
+
+
+def test_a_non_leaf_tensor_that_requires_grad_is_skipped_with_the_reason() -> None:
+    torch = pytest.importorskip("torch")
+    leaf = torch.ones(3, requires_grad=True)
+    dump = pickling.dump_namespace({"leaf": leaf, "derived": leaf * 2}, ["leaf", "derived"])
+    assert [(s.name, s.type) for s in dump.skipped] == [("derived", "torch.Tensor")]
+    assert "non-leaf tensor" in dump.skipped[0].reason
+    assert [v.name for v in dump.captured] == ["leaf"]
+
+
+def test_jax_arrays_come_back_on_their_device() -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    namespace = {"x": jnp.arange(250_000, dtype=jnp.float32).reshape(500, 500),
+                 "b": jnp.ones(10, dtype=jnp.bfloat16), "small": jnp.array([1, 2, 3])}
+    restored, dump = round_trip(namespace)
+    assert {"kind": "jax", "device": "cpu:0"} in dump.placements
+    assert isinstance(restored["x"], jax.Array)
+    assert bool((restored["x"] == namespace["x"]).all())
+    assert restored["b"].dtype == jnp.bfloat16
+    assert restored["x"].devices() == namespace["x"].devices()

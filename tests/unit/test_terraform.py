@@ -1,13 +1,15 @@
 """The Terraform deployment (terraform/) checked without `terraform init` (the registry is out
 of reach in CI): every file parses (python-hcl2), checkov passes, and the deployment agrees
 with the code: every event has its topic, every consumer its trigger and dead-letter topic,
-every entry point of functions/main.py is deployed, every Firestore query has its index,
-every secret the functions read is declared, and the cluster objects come from the
-Kubernetes builders with nothing left unfilled.
+every function of functions/routes.py is deployed with its exposure, the Firestore indexes
+are those of the declared queries, every secret the functions read is declared, and the
+cluster objects come from the Kubernetes builders with nothing left unfilled.
 
-The function list, the topics and the cluster objects are not written in Terraform: `stasis
-bundle` generates them (stack/cli_bundle.py). So the consistency tests check two things:
-the generator reflects the code, and the Terraform consumes every generated value.
+The functions, the topics, the indexes and the cluster objects are not written in
+Terraform: `stasis bundle` generates them (deploy/tfvars.py). So the consistency tests check
+two things: the generator reflects the code, and the Terraform consumes every generated
+value. (That every query the code runs is declared is checked where queries run: the
+dashboard's port, and tests/index_guard.py in the integration tier.)
 """
 
 from __future__ import annotations
@@ -18,20 +20,26 @@ import re
 import shutil
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hcl2  # python-hcl2, a test dependency
 import pytest
+import yaml
 
+from deploy import cluster, indexes
+from deploy import tfvars as generated
 from events import CATALOG
-from functions.adapters.pubsub_bus import dead_letter_topic
-from functions.delivery import MAX_DELIVERY_ATTEMPTS
-from functions.routes import HTTP_FUNCTIONS, ROUTES
-from stack import cli_bundle, firestore_indexes
-from stack.topology import dead_letter_subscription, subscription_for
+from functions.delivery import MAX_DELIVERY_ATTEMPTS, dead_letter_topic
+from functions.domain import publishers
+from functions.domain.catalog import Catalog
+from functions.domain.idle import GPU_BUSY_PERCENT
+from functions.domain.monitoring import ALERT_KINDS, NODE_DELETED_METHOD, PREEMPTED_METHOD
+from functions.handlers.monitoring import TOPIC
+from functions.kubernetes.objects import meta
+from functions.queries import IndexedQuery
+from functions.routes import FUNCTIONS, HTTP_FUNCTIONS, PUBLISHERS, ROUTES, Exposure
 
 ROOT = Path(__file__).resolve().parents[2]
 TF = ROOT / "terraform"
@@ -118,19 +126,17 @@ def _locals(parsed: dict[Path, dict[str, Any]], path: Path) -> dict[str, Any]:
 
 # --- the generated values ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def queries() -> list[firestore_indexes.Query]:
-    return firestore_indexes.queries_in(
-        [ROOT / "functions", ROOT / "stack", ROOT / "runtime"], ROOT
-    )
+def queries() -> list[IndexedQuery]:
+    return [q for found in indexes.declared().values() for q in found]
 
 
 @pytest.fixture(scope="module")
-def plan() -> cli_bundle.Deployment:
-    return cli_bundle.deployment()
+def plan() -> generated.Deployment:
+    return generated.deployment()
 
 
 @pytest.fixture(scope="module")
-def tfvars(plan: cli_bundle.Deployment) -> dict[str, Any]:
+def tfvars(plan: generated.Deployment) -> dict[str, Any]:
     return plan.tfvars("../../../build/stasis-functions.zip", "0" * 64)
 
 
@@ -306,14 +312,20 @@ def test_every_consumer_has_its_trigger_and_dead_letter_topic(tfvars: dict[str, 
     assert set(functions) == set(ROUTES)
     for name, route in ROUTES.items():
         f = functions[name]
-        assert f["event"] == route.event and f["topic"] == CATALOG[route.event].topic
-        assert f["dead_letter_topic"] == dead_letter_topic(name)
-        # The same names the local stack uses (stack/topology.py): one topology, two places.
-        assert f["subscription"] == subscription_for(name)
-        assert f["dead_letter_subscription"] == dead_letter_subscription(name)
+        # A Raw route (monitoring) takes no event: the raw messages of its own topic.
+        topic = CATALOG[route.event].topic if route.event is not None else route.topic
+        assert f["event"] == route.event and f["topic"] == topic
+        assert f["dead_letter_topic"] == dead_letter_topic(name) == route.dead_letter_topic
+        # The names the local stack uses too (stack/topology.py): one topology, two places.
+        assert f["subscription"] == route.subscription
+        assert f["dead_letter_subscription"] == route.dead_letter_subscription
         assert f["ordered"] is (
             route.event in {"workspace.requested", "workspace.resume_requested"}
         )
+    names = [f[k] for f in functions.values()
+             for k in ("dead_letter_topic", "subscription", "dead_letter_subscription")]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[A-Za-z][A-Za-z0-9._~+%-]{2,254}", n) for n in names)
     assert tfvars["max_delivery_attempts"] == MAX_DELIVERY_ATTEMPTS == 5
 
 
@@ -330,7 +342,10 @@ def test_pubsub_module_builds_topics_triggers_and_dead_letters(
 
     push = _resource(parsed, "pubsub", "google_pubsub_subscription", "push")
     assert "var.event_functions" in push["for_each"]
-    assert push["topic"] == "${google_pubsub_topic.events[each.value.event].id}"
+    # An event's topic, or the raw topic of a Raw route (pushed in Eventarc mode too).
+    assert "google_pubsub_topic.events[each.value.event].id" in push["topic"]
+    assert "google_pubsub_topic.raw[each.value.topic].id" in push["topic"]
+    assert "f.event == null" in push["for_each"]
     assert push["enable_message_ordering"] == "${each.value.ordered}"
     retry = push["retry_policy"][0]
     assert retry["minimum_backoff"] and retry["maximum_backoff"]  # exponential backoff
@@ -363,15 +378,88 @@ def test_eventarc_mode_retries_and_attaches_dead_letters(
     assert "--dead-letter-topic" in command and "--max-delivery-attempts" in command
 
 
-# --- functions -----------------------------------------------------------------------------------
-def test_every_entry_point_is_deployed(
+# --- who may publish what ------------------------------------------------------------------------
+_PUBLISH_ROLES = {"roles/pubsub.publisher", "roles/pubsub.editor", "roles/pubsub.admin",
+                  "roles/editor", "roles/owner"}
+
+
+def _component_members(parsed: dict[Path, dict[str, Any]]) -> dict[str, str]:
+    """modules/stasis' ``component_members``, read from its HCL: component -> the member
+    expression it publishes as; every function as ``local.member[<function>]``."""
+    expression = _locals(parsed, MODULES / "stasis" / "main.tf")["component_members"]
+    functions, _, outside = expression.partition("}, {")
+    # every function as its own account, and nothing else
+    assert functions == "${merge({for n, m in local.member : n => [m]", functions
+    members = {name: f"local.member[{name}]" for name in FUNCTIONS}
+    for name, value in re.findall(r"(\w+) = (\[[^\]]*\]|[\w.]+)", outside):
+        assert name not in members, f"{name} is a function and an outside component"
+        members[name] = value
+    return members
+
+
+def test_every_topic_s_publishers_are_the_derived_table(
     tfvars: dict[str, Any], parsed: dict[Path, dict[str, Any]]
 ) -> None:
-    entries = cli_bundle.entry_points()
+    """The grants, evaluated from the HCL: each topic's members are the identities of
+    exactly the components the code says emit that event (functions/routes.py PUBLISHERS),
+    each function as its own service account; none may publish what it never emits."""
+    assert tfvars["event_publishers"] == {
+        event: sorted(PUBLISHERS.get(event, ())) for event in CATALOG}
+    members = _component_members(parsed)
+    assert set(members) == {*FUNCTIONS, *publishers.EXTERNAL}
+    assert members[publishers.OPERATOR] == "var.publishers"
+    assert members[publishers.MONITOR] == "[google_service_account.monitor.member]"
+    assert members[publishers.IDE_PROXY] == "[google_service_account.ide_proxy.member]"
+    for local_only in (publishers.NODE_AGENT, publishers.NULL_RUNTIME, publishers.WORKSPACE):
+        assert members[local_only] == "[]", local_only
+    granted = {event: {members[c] for c in components}
+               for event, components in tfvars["event_publishers"].items()}
+    for name, function in FUNCTIONS.items():
+        own = {event for event, who in granted.items() if f"local.member[{name}]" in who}
+        assert own == set(function.emits), name
+    # the public chat function and the proxy cannot forge what a runtime reports
+    for outcome in ("snapshot.finished", "sandbox.finished", "workspace.ready"):
+        assert not granted[outcome] & {"local.member[chat]", "local.member[proxy]"}
+    # nor the cluster monitor a person's create or delete
+    for request in ("workspace.requested", "workspace.delete_requested"):
+        assert "[google_service_account.monitor.member]" not in granted[request]
+
+    stasis = _locals(parsed, MODULES / "stasis" / "main.tf")
+    assert stasis["topic_publishers"] == (
+        "${{for event, components in var.event_publishers : event => sort(distinct(flatten("
+        "[for c in components : local.component_members[c]])))}}")
+    module = next(body for _, name, body in _blocks(parsed, "module", MODULES / "stasis")
+                  if name == "pubsub")
+    assert module["publishers"] == "${local.topic_publishers}"
+    binding = _resource(parsed, "pubsub", "google_pubsub_topic_iam_binding", "publishers")
+    assert binding["members"] == "${sort(distinct(var.publishers[each.key]))}"
+    assert binding["role"] == "roles/pubsub.publisher"
+    assert "google_pubsub_topic.events" in binding["for_each"]
+
+
+def test_no_other_grant_lets_anyone_publish(parsed: dict[Path, dict[str, Any]]) -> None:
+    """Publishing rights come only from the table (event topics), the delivery guard's
+    dead-letter topics and the monitoring topic's own senders; no project-wide role."""
+    found = {(path.parent.name, name) for path, rtype, name, body in _resources(parsed)
+             if body.get("role") in _PUBLISH_ROLES
+             or any(role in json.dumps(body.get("roles", "")) for role in _PUBLISH_ROLES)}
+    assert found == {("pubsub", "publishers"), ("pubsub", "dead_letter_publishers"),
+                     ("monitoring", "publishers")}
+    monitoring_topic = _resource(parsed, "monitoring", "google_pubsub_topic_iam_binding",
+                                 "publishers")
+    assert monitoring_topic["topic"] == "${var.topic_id}"  # the raw topic, no event's
+
+
+# --- functions -----------------------------------------------------------------------------------
+def test_every_function_is_deployed(
+    tfvars: dict[str, Any], parsed: dict[Path, dict[str, Any]]
+) -> None:
     deployed = set(tfvars["event_functions"]) | set(tfvars["http_functions"])
-    assert deployed == set(entries), "main.py and the generated functions disagree"
-    assert set(tfvars["http_functions"]) == {n for n, k in entries.items() if k == "http"}
-    assert set(HTTP_FUNCTIONS) <= set(tfvars["http_functions"])
+    assert deployed == set(FUNCTIONS), "routes.py and the generated functions disagree"
+    assert set(tfvars["http_functions"]) == set(HTTP_FUNCTIONS)
+    for name, route in HTTP_FUNCTIONS.items():
+        f = tfvars["http_functions"][name]
+        assert (f["access"], f.get("schedule")) == (route.exposure, route.schedule), name
     # ...and Terraform deploys each generated function, with its name as entry point.
     fn = _resource(parsed, "functions", "google_cloudfunctions2_function", "this")
     assert fn["for_each"] == "${var.functions}"
@@ -395,9 +483,11 @@ def test_functions_have_own_accounts_and_least_access(tfvars: dict[str, Any]) ->
     for name, f in functions.items():
         assert re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", f["account_id"]), name
         assert re.fullmatch(r"[a-z]([-a-z0-9]{0,47}[a-z0-9])?", f["deploy_name"]), name
-        assert f["access"] in cli_bundle.ACCESS_KINDS
+        assert f["access"] in {"event", *Exposure}
     public = {n for n, f in functions.items() if f["access"] == "public"}
-    assert public == {n for n in tfvars["http_functions"] if re.search("slack|chat", n)}
+    # Slack signs its requests, Alertmanager sends its bearer token, a workspace its identity
+    # (events.identity); the functions verify them.
+    assert public == {"chat", "alertmanager", "workspace_api"}
     assert all(f["access"] == "event" for f in tfvars["event_functions"].values())
     schedules = {n: f.get("schedule") for n, f in tfvars["http_functions"].items()}
     assert schedules.get("reconcile"), "the reconciler runs on a schedule"
@@ -407,12 +497,12 @@ def test_functions_have_own_accounts_and_least_access(tfvars: dict[str, Any]) ->
 
 
 def test_long_function_names_still_get_valid_unique_identities() -> None:
-    a = cli_bundle.account_id("on_workspace_state_changed_for_the_audit_export")
-    b = cli_bundle.account_id("on_workspace_state_changed_for_the_audit_exports")
+    a = generated.account_id("on_workspace_state_changed_for_the_audit_export")
+    b = generated.account_id("on_workspace_state_changed_for_the_audit_exports")
     assert a != b and all(
         len(x) <= 30 and re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", x) for x in (a, b)
     )
-    assert len(cli_bundle.deploy_name("x" * 80)) <= 49
+    assert len(generated.deploy_name("x" * 80)) <= 49
 
 
 def test_environments_declare_and_pass_every_generated_variable(
@@ -445,36 +535,26 @@ def test_scheduled_functions_get_oidc_jobs(parsed: dict[Path, dict[str, Any]]) -
 
 
 # --- Firestore -----------------------------------------------------------------------------------
-def _declared_indexes(parsed: dict[Path, dict[str, Any]]) -> list[firestore_indexes.Index]:
-    local = _locals(parsed, MODULES / "firestore" / "indexes.tf")
-    return [
-        firestore_indexes.Index.parse(i["collection"], i["fields"])
-        for i in local["composite_indexes"]
-    ]
-
-
-def test_every_firestore_query_has_its_index(
-    parsed: dict[Path, dict[str, Any]], queries: list[firestore_indexes.Query]
+def test_the_indexes_are_those_of_the_declared_queries(
+    tfvars: dict[str, Any], parsed: dict[Path, dict[str, Any]], queries: list[IndexedQuery]
 ) -> None:
-    assert len(queries) > 10  # the reader found the code's queries
-    declared = _declared_indexes(parsed)
-    missing = {
-        need.hcl(): need.query.where for need in firestore_indexes.missing(queries, declared)
-    }
-    assert not missing, (
-        "queries without their composite index; add to "
-        "terraform/modules/firestore/indexes.tf:\n"
-        + "\n".join(f"    {hcl},  # {where}" for hcl, where in sorted(missing.items()))
-    )
-    needed = [need for q in queries for need in q.needs()]
-    unused = [i for i in declared if not any(need.satisfied_by([i]) for need in needed)]
-    if unused:
-        warnings.warn(f"indexes no query found in the code needs: {unused}", stacklevel=1)
-    assert len({(i.collection, i.fields) for i in declared}) == len(declared), "duplicates"
+    assert len(queries) > 10  # the dashboard's and the fleet store's
+    assert tfvars["firestore_indexes"] == indexes.composite_indexes(queries)
+    found = {(i["collection"], tuple(i["fields"])) for i in tfvars["firestore_indexes"]}
+    assert len(found) == len(tfvars["firestore_indexes"]), "duplicates"
+    for _, fields in found:
+        assert len(fields) >= 2 and all(re.fullmatch(r"[a-z_]+(:desc)?", f) for f in fields)
+    # ...and Terraform creates exactly those: environment -> stasis -> firestore.
+    index = _resource(parsed, "firestore", "google_firestore_index", "composite")
+    assert "var.composite_indexes" in index["for_each"]
+    stasis = next(body for _, name, body in _blocks(parsed, "module", MODULES / "stasis")
+                  if name == "firestore")
+    assert stasis["composite_indexes"] == "${var.firestore_indexes}"
+    assert "composite_indexes" not in _locals(parsed, MODULES / "firestore" / "indexes.tf")
 
 
 def test_ttl_policies(
-    parsed: dict[Path, dict[str, Any]], queries: list[firestore_indexes.Query]
+    parsed: dict[Path, dict[str, Any]], queries: list[IndexedQuery]
 ) -> None:
     ttl = _locals(parsed, MODULES / "firestore" / "indexes.tf")["ttl_fields"]
     pairs = {(v["collection"], v["field"]) for v in ttl.values()}
@@ -490,15 +570,12 @@ def test_ttl_policies(
     for v in ttl.values():
         if v["index"] is False:
             used = [
-                q.where
+                q
                 for q in queries
                 if q.collection == v["collection"]
-                and (
-                    any(f.field == v["field"] for f in q.filters)
-                    or any(o.field == v["field"] for o in q.orders)
-                )
+                and v["field"] in (*q.equal, *q.optional, *q.ranges, *(n for n, _ in q.order))
             ]
-            assert not used, f"{v['collection']}.{v['field']} is queried at {used}"
+            assert not used, f"{v['collection']}.{v['field']} is queried by {used}"
     field = _resource(parsed, "firestore", "google_firestore_field", "ttl")
     assert field["ttl_config"] == [{}] or field["ttl_config"]
 
@@ -627,7 +704,7 @@ def test_kubernetes_objects_come_from_the_builders(tfvars: dict[str, Any]) -> No
         if o["kind"] in ("ClusterRoleBinding", "RoleBinding") and o["metadata"]["name"].startswith(
             "stasis-control-plane"
         ):
-            assert o["subjects"] == [cli_bundle.SUBJECTS]
+            assert o["subjects"] == [cluster.SUBJECTS]
     monitor = next(o for o in objects.values() if o["kind"] == "Deployment")
     assert monitor["spec"]["template"]["spec"]["containers"][0]["image"] == "@@AGENT_IMAGE@@"
 
@@ -635,9 +712,99 @@ def test_kubernetes_objects_come_from_the_builders(tfvars: dict[str, Any]) -> No
 def test_every_placeholder_is_filled_by_terraform(tfvars: dict[str, Any]) -> None:
     text = json.dumps(tfvars["kubernetes"]["manifests"])
     used = set(re.findall(r"@@[A-Z_]+@@", text))
-    assert used <= {*cli_bundle.PLACEHOLDERS, cli_bundle.SUBJECTS}
+    assert used <= {*cluster.PLACEHOLDERS, cluster.SUBJECTS, cluster.READERS}
     module = (MODULES / "kubernetes" / "main.tf").read_text()
     stasis = (MODULES / "stasis" / "main.tf").read_text()
-    for placeholder in cli_bundle.PLACEHOLDERS:
+    for placeholder in cluster.PLACEHOLDERS:
         assert f'"{placeholder}"' in module and f'"{placeholder}"' in stasis, placeholder
-    assert cli_bundle.SUBJECTS in module
+    assert cluster.SUBJECTS in module and cluster.READERS in module
+    assert "reader_members        = [for n in local.cluster_readers :" in stasis
+
+
+# --- monitoring triggers (modules/monitoring) ----------------------------------------------
+def test_the_bundle_gives_the_monitoring_topic_and_the_gpu_idle_alert(
+    tfvars: dict[str, Any],
+) -> None:
+    catalog = Catalog.from_config(yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text()))
+    gpu_windows = [rule.idle_seconds for p in catalog.profiles.values()
+                   if p.accelerator and p.accelerator.type.startswith("nvidia")
+                   for rule in p.idle_policy.rules if rule.effect.value == "pause"]
+    assert tfvars["monitoring"] == {"topic": TOPIC,
+                                    "gpu_idle_percent": GPU_BUSY_PERCENT,
+                                    "gpu_idle_window_seconds": min(gpu_windows)}
+    raw = tfvars["event_functions"]["on_monitoring"]
+    assert (raw["kind"], raw["access"], raw["event"], raw["topic"]) == (
+        "cloudevent", "event", None, TOPIC)
+    assert raw["dead_letter_topic"] == dead_letter_topic("on_monitoring")
+    assert tfvars["http_functions"]["alertmanager"]["access"] == "public"
+
+
+def test_the_raw_route_gets_its_topic_and_no_eventarc_trigger(
+    parsed: dict[Path, dict[str, Any]],
+) -> None:
+    stasis = (MODULES / "stasis" / "main.tf").read_text()
+    assert "raw_topics            = distinct([for f in var.event_functions : f.topic if " \
+        "f.event == null])" in stasis
+    raw = _resource(parsed, "pubsub", "google_pubsub_topic", "raw")
+    assert raw["kms_key_name"] == "${var.kms_key}"
+    functions = _locals(parsed, MODULES / "functions" / "main.tf")
+    assert "f.event != null" in functions["event_functions"]  # Eventarc: events only
+    wiring = next(body for _, name, body in _blocks(parsed, "module", MODULES / "stasis")
+                  if name == "monitoring")
+    assert wiring["topic_id"] == "${module.pubsub.raw_topic_ids[var.monitoring.topic]}"
+    assert "alertmanager" in json.dumps(wiring["publishers"])
+
+
+def test_alert_policies_notify_the_channel_with_their_signal_label(
+    parsed: dict[Path, dict[str, Any]],
+) -> None:
+    channel = _resource(parsed, "monitoring", "google_monitoring_notification_channel",
+                        "pubsub")
+    assert channel["type"] == "pubsub" and channel["labels"] == {"topic": "${var.topic_id}"}
+    policies = {name: _resource(parsed, "monitoring", "google_monitoring_alert_policy", name)
+                for name in ("gpu_idle", "gpu_memory", "oom_killed")}
+    signals = set()
+    for name, policy in policies.items():
+        assert policy["notification_channels"] == [
+            "${google_monitoring_notification_channel.pubsub.id}"], name
+        label = re.search(r'stasis_signal = "(\w+)"', policy["user_labels"])
+        assert label, name
+        signals.add(label.group(1))
+        assert policy["alert_strategy"][0]["auto_close"], name
+    assert signals == set(ALERT_KINDS)
+    # Workspace containers, by the labels the builders put on the pod.
+    main = (MODULES / "monitoring" / "main.tf").read_text()
+    for label, value in ((meta.MANAGED_BY, meta.STASIS), (meta.COMPONENT, "workspace")):
+        assert f'metadata.user_labels.\\"{label}\\" = \\"{value}\\"' in main
+    idle = policies["gpu_idle"]["conditions"][0]["condition_threshold"][0]
+    assert "kubernetes.io/container/accelerator/duty_cycle" in idle["filter"]
+    assert idle["comparison"] == "COMPARISON_LT"
+    assert idle["threshold_value"] == "${var.monitoring.gpu_idle_percent}"
+    assert idle["duration"] == "${each.value}s"
+    assert policies["gpu_idle"]["for_each"] == "${local.gpu_idle}"  # none without GPUs
+    memory = policies["gpu_memory"]["conditions"][0]["condition_threshold"][0]
+    assert "accelerator/memory_used" in memory["filter"]
+    assert "accelerator/memory_total" in memory["denominator_filter"]
+    oom = policies["oom_killed"]["conditions"][0]["condition_prometheus_query_language"][0]
+    assert "last_terminated_reason{reason=" in oom["query"] and "OOMKilled" in oom["query"]
+    gke = (MODULES / "gke" / "main.tf").read_text()
+    assert '"POD"' in gke  # kube-state-metrics' pod metrics, which the OOM query reads
+
+
+def test_the_log_sink_routes_preemptions_and_node_deletions_to_the_topic(
+    parsed: dict[Path, dict[str, Any]],
+) -> None:
+    sink = _resource(parsed, "monitoring", "google_logging_project_sink", "nodes")
+    assert sink["destination"] == "pubsub.googleapis.com/${var.topic_id}"
+    assert sink["unique_writer_identity"] is True
+    for method in (PREEMPTED_METHOD, NODE_DELETED_METHOD):
+        assert f'protoPayload.methodName="{method}"' in sink["filter"]
+    assert "cloudaudit.googleapis.com/system_event" in sink["filter"]
+    assert 'resource.labels.cluster_name="${var.cluster_name}"' in sink["filter"]
+    # Who may publish: the notification agent, the sink's writer, the webhook relay.
+    iam = _resource(parsed, "monitoring", "google_pubsub_topic_iam_binding", "publishers")
+    members = json.dumps(iam["members"])
+    assert "local.notification_agent" in members and "writer_identity" in members
+    assert "var.publishers" in members and iam["role"] == "roles/pubsub.publisher"
+    agent = _locals(parsed, MODULES / "monitoring" / "main.tf")["notification_agent"]
+    assert agent.endswith("@gcp-sa-monitoring-notification.iam.gserviceaccount.com")

@@ -1,6 +1,6 @@
 # Filled by `stasis bundle`, which writes stasis.auto.tfvars.json next to this file from the
-# code: functions/main.py, functions/routes.py, events.CATALOG, functions/delivery.py and
-# the Kubernetes builders. Never set these by hand.
+# code (deploy/tfvars.py): functions/routes.py, events.CATALOG, functions/delivery.py, the
+# queries the stores declare and the Kubernetes builders. Never set these by hand.
 
 variable "source_archive" {
   type        = string
@@ -35,7 +35,7 @@ variable "event_functions" {
     dead_letter_subscription = string
     ordered                  = bool
   }))
-  description = "Generated: event-triggered entry points and their triggers."
+  description = "Generated: the event functions of functions/routes.py and their triggers."
 }
 
 variable "http_functions" {
@@ -46,7 +46,7 @@ variable "http_functions" {
     account_id  = string
     schedule    = optional(string)
   }))
-  description = "Generated: HTTP entry points, who calls each, and the periodic ones' schedules."
+  description = "Generated: the HTTP functions of functions/routes.py, who calls each, and the periodic ones' schedules."
 }
 
 variable "kubernetes" {
@@ -55,6 +55,7 @@ variable "kubernetes" {
       namespaces = map(string)
       cluster    = map(string)
       namespaced = map(string)
+      kueue      = map(string)
     })
     teams = map(object({
       namespace       = string
@@ -67,4 +68,26 @@ variable "kubernetes" {
     workspace_service_account = string
   })
   description = "Generated: the cluster's Stasis objects and the teams of the admin configuration."
+}
+
+variable "firestore_indexes" {
+  type = list(object({
+    collection = string
+    fields     = list(string)
+  }))
+  description = "Generated: the composite indexes the code's declared queries need."
+}
+
+variable "monitoring" {
+  type = object({
+    topic                   = string
+    gpu_idle_percent        = number
+    gpu_idle_window_seconds = optional(number)
+  })
+  description = "Generated: the monitoring topic and the GPU-idle alert's threshold and window."
+}
+
+variable "event_publishers" {
+  type        = map(list(string))
+  description = "Generated: event name -> the components that may publish it (functions/domain/publishers.py)."
 }

@@ -18,14 +18,21 @@ module "stasis" {
   event_functions       = var.event_functions
   http_functions        = var.http_functions
   kubernetes            = var.kubernetes
+  monitoring            = var.monitoring
+  event_publishers      = var.event_publishers
+  firestore_indexes     = var.firestore_indexes
 
   agent_image         = var.agent_image
   platform_admins     = var.platform_admins
+  slack               = var.slack
   iap_domain          = var.iap_domain
+  ide_iap_audience    = var.ide_iap_audience
   iap_members         = var.iap_members
   publishers          = var.operators
   dead_letter_readers = var.operators
   manage_kubernetes   = var.manage_kubernetes
+  autopilot           = var.autopilot
+  kueue               = var.kueue
 
   chat_min_instances          = 0
   firestore_pitr              = false

@@ -3,9 +3,24 @@ output "slack_request_url" {
   value       = module.stasis.slack_request_url
 }
 
+output "alertmanager_webhook_url" {
+  description = "URL for Alertmanager's webhook_configs (bearer token: the stasis-alertmanager-token secret)."
+  value       = module.stasis.alertmanager_webhook_url
+}
+
 output "iap_urls" {
   description = "Dashboard, access proxy and links API (behind IAP)."
   value       = module.stasis.iap_urls
+}
+
+output "ide_url" {
+  description = "The IDE access proxy: every workspace's IDE at <it>/w/<workspace id>/ (behind IAP)."
+  value       = module.stasis.ide_url
+}
+
+output "ide_ip_address" {
+  description = "Point the IDE proxy's hostname (ide.<iap_domain>) here."
+  value       = module.stasis.ide_ip_address
 }
 
 output "iap_ip_address" {

@@ -25,6 +25,14 @@ variable "iap_members" {
   description = "Who may pass IAP (user:, group:, domain:)."
 }
 
+variable "slack" {
+  type = object({
+    team_id       = string
+    enterprise_id = optional(string, "")
+  })
+  description = "The Slack workspace (and Enterprise Grid org) the chat function serves."
+}
+
 variable "platform_admins" {
   type        = list(string)
   description = "E-mails of the dashboard's admins."
@@ -42,8 +50,26 @@ variable "operators" {
   default     = []
 }
 
+variable "ide_iap_audience" {
+  type        = string
+  description = "The IDE proxy's IAP audience, known after the first apply with the cluster objects (see terraform/README.md); empty until then: the proxy refuses every request."
+  default     = ""
+}
+
 variable "manage_kubernetes" {
   type        = bool
   description = "Apply the in-cluster objects; false for the very first apply (the cluster does not exist yet)."
   default     = true
+}
+
+variable "autopilot" {
+  type        = bool
+  description = "A GKE Autopilot cluster instead of Standard (see modules/stasis)."
+  default     = false
+}
+
+variable "kueue" {
+  type        = bool
+  description = "Kueue admits workspace pods and JobSets (install Kueue v0.19 first; see modules/stasis)."
+  default     = false
 }

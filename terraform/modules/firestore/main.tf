@@ -24,7 +24,7 @@ resource "google_firestore_database" "this" {
 }
 
 resource "google_firestore_index" "composite" {
-  for_each = { for index in local.composite_indexes : "${index.collection}:${join(",", index.fields)}" => index }
+  for_each = { for index in var.composite_indexes : "${index.collection}:${join(",", index.fields)}" => index }
 
   project     = var.project_id
   database    = google_firestore_database.this.name

@@ -12,9 +12,11 @@ locals {
     event     = "ALLOW_INTERNAL_ONLY" # Pub/Sub push / Eventarc from this project
     scheduler = "ALLOW_INTERNAL_ONLY" # Cloud Scheduler from this project
     iap       = "ALLOW_INTERNAL_AND_GCLB"
-    public    = "ALLOW_ALL" # Slack; the function verifies every request's signature
+    public    = "ALLOW_ALL" # Slack, Alertmanager; the functions verify every request
   }
-  event_functions = { for name, f in var.functions : name => f if f.kind == "cloudevent" }
+  # Those Eventarc triggers in eventarc mode; one without an event (a Raw route) is always
+  # fed by its own push subscription (modules/pubsub).
+  event_functions = { for name, f in var.functions : name => f if f.kind == "cloudevent" && f.event != null }
   invokers = merge([
     for name, members in var.invokers : {
       for member in members : "${name}/${member}" => { function = name, member = member }
@@ -98,7 +100,7 @@ resource "google_storage_bucket_object" "source" {
 
 # --- the functions ---------------------------------------------------------------------------
 resource "google_cloudfunctions2_function" "this" {
-  #checkov:skip=CKV_GCP_124:Ingress is per access class (local.ingress): internal for event and scheduled functions, internal+load balancer for IAP ones; only the Slack function is ALLOW_ALL, and it verifies every request's Slack signature.
+  #checkov:skip=CKV_GCP_124:Ingress is per access class (local.ingress): internal for event and scheduled functions, internal+load balancer for IAP ones; only the public ones are ALLOW_ALL: Slack's, which verifies every request's Slack signature, and Alertmanager's, which requires its bearer token (constant-time compare, refusing all without one).
   for_each = var.functions
 
   project     = var.project_id
@@ -158,7 +160,7 @@ resource "google_cloudfunctions2_function" "this" {
   }
 
   dynamic "event_trigger" {
-    for_each = var.trigger_mode == "eventarc" && each.value.kind == "cloudevent" ? [each.value] : []
+    for_each = var.trigger_mode == "eventarc" && contains(keys(local.event_functions), each.key) ? [each.value] : []
     content {
       trigger_region        = var.region
       event_type            = "google.cloud.pubsub.topic.v1.messagePublished"
@@ -177,7 +179,7 @@ resource "google_cloudfunctions2_function" "this" {
 }
 
 resource "google_cloud_run_v2_service_iam_member" "invokers" {
-  #checkov:skip=CKV_GCP_102:Only the chat function is invokable by allUsers: Slack cannot authenticate to Google, and the function rejects every request without a valid Slack signature (5-minute window).
+  #checkov:skip=CKV_GCP_102:Only the public functions are invokable by allUsers: Slack and a cluster's Alertmanager cannot authenticate to Google; the chat function rejects every request without a valid Slack signature (5-minute window), the alertmanager one every request without its bearer token.
   for_each = local.invokers
 
   project  = var.project_id

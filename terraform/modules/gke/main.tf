@@ -33,19 +33,22 @@ resource "google_container_cluster" "this" {
   #checkov:skip=CKV_GCP_65:Google Groups for RBAC needs a Google Workspace / Cloud Identity domain group; Stasis binds RBAC to its functions' service accounts instead (modules/kubernetes).
   #checkov:skip=CKV_GCP_66:Binary Authorization needs an attestation pipeline for the IDE images the admin catalog names; enable it with your organization's policy.
   #checkov:skip=CKV_GCP_20:There is no IP endpoint to restrict: ip_endpoints_config is off and the control plane is reached only through its IAM-authenticated DNS endpoint.
-  project                     = var.project_id
-  name                        = var.name
-  location                    = var.location
-  node_locations              = length(var.node_locations) > 0 ? var.node_locations : null
-  network                     = var.network
-  subnetwork                  = var.subnetwork
-  min_master_version          = var.min_master_version
-  remove_default_node_pool    = true
-  initial_node_count          = 1
+  project            = var.project_id
+  name               = var.name
+  location           = var.location
+  node_locations     = length(var.node_locations) > 0 ? var.node_locations : null
+  network            = var.network
+  subnetwork         = var.subnetwork
+  min_master_version = var.min_master_version
+  # Autopilot (var.autopilot): GKE provisions nodes per pod; node pools, the default pool's
+  # config, the datapath (always Dataplane V2) and shielded nodes (always on) are its own.
+  enable_autopilot            = var.autopilot ? true : null
+  remove_default_node_pool    = var.autopilot ? null : true
+  initial_node_count          = var.autopilot ? null : 1
   deletion_protection         = var.deletion_protection
-  datapath_provider           = "ADVANCED_DATAPATH"
+  datapath_provider           = var.autopilot ? null : "ADVANCED_DATAPATH"
   enable_intranode_visibility = true
-  enable_shielded_nodes       = true
+  enable_shielded_nodes       = var.autopilot ? null : true
   enable_legacy_abac          = false
   resource_labels             = var.labels
 
@@ -82,9 +85,24 @@ resource "google_container_cluster" "this" {
     }
   }
 
-  # Dataplane V2 enforces NetworkPolicy itself; the Calico add-on stays off.
-  network_policy {
-    enabled = false
+  # Dataplane V2 enforces NetworkPolicy itself; the Calico add-on stays off (Autopilot has
+  # no such setting).
+  dynamic "network_policy" {
+    for_each = var.autopilot ? [] : [1]
+    content {
+      enabled = false
+    }
+  }
+
+  # Autopilot's nodes run as the same least-privilege service account.
+  dynamic "cluster_autoscaling" {
+    for_each = var.autopilot ? [1] : []
+    content {
+      auto_provisioning_defaults {
+        service_account = google_service_account.nodes.email
+        oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
+      }
+    }
   }
 
   database_encryption {
@@ -105,8 +123,13 @@ resource "google_container_cluster" "this" {
     enable_components = ["SYSTEM_COMPONENTS", "WORKLOADS"]
   }
 
+  # POD: kube-state-metrics' pod metrics (Managed Service for Prometheus), which the
+  # OOM-killed alert of modules/monitoring reads; SYSTEM_COMPONENTS carries the GPU ones.
   monitoring_config {
-    enable_components = ["SYSTEM_COMPONENTS"]
+    enable_components = ["SYSTEM_COMPONENTS", "POD"]
+    managed_prometheus {
+      enabled = true
+    }
   }
 
   security_posture_config {
@@ -115,19 +138,22 @@ resource "google_container_cluster" "this" {
   }
 
   # The default pool is removed at once; its config only has to be valid and hardened.
-  node_config {
-    service_account = google_service_account.nodes.email
-    oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
-    image_type      = "COS_CONTAINERD"
-    workload_metadata_config {
-      mode = "GKE_METADATA"
-    }
-    shielded_instance_config {
-      enable_secure_boot          = true
-      enable_integrity_monitoring = true
-    }
-    metadata = {
-      disable-legacy-endpoints = "true"
+  dynamic "node_config" {
+    for_each = var.autopilot ? [] : [1]
+    content {
+      service_account = google_service_account.nodes.email
+      oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
+      image_type      = "COS_CONTAINERD"
+      workload_metadata_config {
+        mode = "GKE_METADATA"
+      }
+      shielded_instance_config {
+        enable_secure_boot          = true
+        enable_integrity_monitoring = true
+      }
+      metadata = {
+        disable-legacy-endpoints = "true"
+      }
     }
   }
 
@@ -135,6 +161,7 @@ resource "google_container_cluster" "this" {
 }
 
 resource "google_container_node_pool" "system" {
+  count    = var.autopilot ? 0 : 1
   project  = var.project_id
   name     = "system"
   cluster  = google_container_cluster.this.id
@@ -173,7 +200,7 @@ resource "google_container_node_pool" "system" {
 }
 
 resource "google_container_node_pool" "workspaces" {
-  for_each = var.node_pools
+  for_each = var.autopilot ? {} : var.node_pools
 
   project  = var.project_id
   name     = each.key

@@ -112,3 +112,9 @@ variable "kms_ready" {
   description = "Ids of the KMS grants to the GKE and Compute Engine agents."
   default     = []
 }
+
+variable "autopilot" {
+  type        = bool
+  description = "GKE Autopilot instead of Standard: no node pools (system_pool and node_pools unused), nodes provisioned per pod; Pod Snapshots and GKE Sandbox are available there too."
+  default     = false
+}

@@ -1,6 +1,9 @@
 # One topic per event type; per event-triggered function a push subscription with
 # exponential retry and a dead-letter topic (+ a pull subscription that `stasis dlq` reads).
-# The same topology the local stack builds in stack/topology.py, from the same names.
+# The same topology the local stack builds in stack/topology.py, from the same names. A
+# function without an event (a Raw route of functions/routes.py: monitoring) takes the raw
+# messages of its own topic (raw_topics), always through a push subscription; who publishes
+# there is its module's business (modules/monitoring).
 #
 # Why push subscriptions of our own rather than the ones Eventarc creates: an Eventarc
 # trigger's subscription cannot be given a dead-letter policy or message ordering from
@@ -16,6 +19,19 @@ resource "google_pubsub_topic" "events" {
   name         = each.value
   kms_key_name = var.kms_key
   labels       = merge(var.labels, { event = replace(each.key, ".", "_") })
+
+  message_storage_policy {
+    allowed_persistence_regions = var.message_regions
+  }
+}
+
+resource "google_pubsub_topic" "raw" {
+  for_each = toset(var.raw_topics)
+
+  project      = var.project_id
+  name         = each.value
+  kms_key_name = var.kms_key
+  labels       = merge(var.labels, { source = "external" })
 
   message_storage_policy {
     allowed_persistence_regions = var.message_regions
@@ -51,11 +67,11 @@ resource "google_pubsub_subscription" "dead_letters" {
 }
 
 resource "google_pubsub_subscription" "push" {
-  for_each = var.trigger_mode == "push" ? var.event_functions : {}
+  for_each = { for n, f in var.event_functions : n => f if var.trigger_mode == "push" || f.event == null }
 
   project                    = var.project_id
   name                       = each.value.subscription
-  topic                      = google_pubsub_topic.events[each.value.event].id
+  topic                      = each.value.event == null ? google_pubsub_topic.raw[each.value.topic].id : google_pubsub_topic.events[each.value.event].id
   ack_deadline_seconds       = var.ack_deadline_seconds
   message_retention_duration = var.message_retention
   enable_message_ordering    = each.value.ordered
@@ -85,13 +101,14 @@ resource "google_pubsub_subscription" "push" {
 }
 
 # --- who may do what ---------------------------------------------------------------------------
+# Each event topic: exactly the components that emit that event (authoritative binding).
 resource "google_pubsub_topic_iam_binding" "publishers" {
-  for_each = google_pubsub_topic.events
+  for_each = { for event, topic in google_pubsub_topic.events : event => topic if length(lookup(var.publishers, event, [])) > 0 }
 
   project = var.project_id
   topic   = each.value.name
   role    = "roles/pubsub.publisher"
-  members = sort(distinct(var.publishers))
+  members = sort(distinct(var.publishers[each.key]))
 }
 
 resource "google_pubsub_topic_iam_binding" "dead_letter_publishers" {

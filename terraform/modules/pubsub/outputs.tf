@@ -12,3 +12,8 @@ output "push_subscriptions" {
   description = "Function name -> push subscription name (push mode)."
   value       = { for name, sub in google_pubsub_subscription.push : name => sub.name }
 }
+
+output "raw_topic_ids" {
+  description = "Raw topic name -> topic id."
+  value       = { for name, topic in google_pubsub_topic.raw : name => topic.id }
+}

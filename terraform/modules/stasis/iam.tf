@@ -51,10 +51,15 @@ resource "google_service_account_iam_member" "monitor_workload_identity" {
   member             = "serviceAccount:${module.gke.workload_pool}[${var.kubernetes.monitor.namespace}/${var.kubernetes.monitor.service_account}]"
 }
 
-# --- workspaces: each team's pods write their own team's snapshots only ------------------------
+# --- workspaces: each team's pods read and write their own team's snapshots only ---------------
 # Pod Snapshots (tokenSource podKSA) and the kernel agent both act as the team's Kubernetes
 # service account; Workload Identity Federation lets IAM name it directly (no Google service
-# account). The condition confines it to the bucket itself (listing) and the team's prefix.
+# account). Its object role is granted on a managed folder, the team's snapshot prefix, not on
+# the bucket: storage.objects.list is checked against the bucket, so a bucket-level grant (even
+# one conditioned on resource.name) lets it list every object name in the bucket, other teams'
+# workspace, snapshot and sandbox ids included. On a managed folder the same role lists only
+# what is under that folder (a list request must name the prefix), and reads and writes only
+# there. The bucket-level role below is bucketViewer (the bucket's metadata, no object names).
 locals {
   team_principal = {
     for team, t in var.kubernetes.teams : team =>
@@ -62,22 +67,20 @@ locals {
   }
 }
 
-resource "google_storage_bucket_iam_member" "team_objects" {
+resource "google_storage_managed_folder" "team" {
   for_each = var.kubernetes.teams
 
   bucket = module.storage.snapshot_bucket
-  role   = "roles/storage.objectUser"
-  member = local.team_principal[each.key]
+  name   = each.value.snapshot_prefix
+}
 
-  condition {
-    title       = "team-${each.key}"
-    description = "Only the team's snapshot prefix (and listing the bucket)."
-    expression = join(" || ", [
-      "resource.name == \"projects/_/buckets/${module.storage.snapshot_bucket}\"",
-      "resource.name.startsWith(\"projects/_/buckets/${module.storage.snapshot_bucket}/objects/${each.value.snapshot_prefix}\")",
-      "resource.name.startsWith(\"projects/_/buckets/${module.storage.snapshot_bucket}/folders/${each.value.snapshot_prefix}\")",
-    ])
-  }
+resource "google_storage_managed_folder_iam_member" "team_objects" {
+  for_each = var.kubernetes.teams
+
+  bucket         = module.storage.snapshot_bucket
+  managed_folder = google_storage_managed_folder.team[each.key].name
+  role           = "roles/storage.objectUser"
+  member         = local.team_principal[each.key]
 }
 
 resource "google_storage_bucket_iam_member" "team_bucket" {
@@ -93,4 +96,18 @@ resource "google_storage_bucket_iam_member" "gke_agent" {
   bucket = module.storage.snapshot_bucket
   role   = "roles/storage.objectUser"
   member = "serviceAccount:${module.project.agents.container}"
+}
+
+# --- the IDE access proxy --------------------------------------------------------------------------
+# It reads workspaces and teams (the access rule) and publishes workspace.resume_requested.
+resource "google_project_iam_member" "ide_proxy_firestore" {
+  project = var.project_id
+  role    = "roles/datastore.viewer"
+  member  = google_service_account.ide_proxy.member
+}
+
+resource "google_service_account_iam_member" "ide_proxy_workload_identity" {
+  service_account_id = google_service_account.ide_proxy.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${module.gke.workload_pool}[${var.kubernetes.ide_proxy.namespace}/${var.kubernetes.ide_proxy.service_account}]"
 }

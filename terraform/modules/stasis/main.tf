@@ -26,10 +26,13 @@ locals {
   )
   names = keys(local.functions)
 
-  read_only        = [for n in local.names : n if can(regex(var.read_only_pattern, n))]
-  publishers       = [for n in local.names : n if !contains(local.read_only, n)]
-  snapshot_users   = [for n in local.names : n if can(regex(var.snapshot_access_pattern, n))]
-  cluster_users    = [for n in local.names : n if can(regex(var.cluster_access_pattern, n))]
+  read_only      = [for n in local.names : n if can(regex(var.read_only_pattern, n))]
+  snapshot_users = [for n in local.names : n if can(regex(var.snapshot_access_pattern, n))]
+  # Managers drive workspaces in the team namespaces; readers read a workspace's pod and
+  # token there (functions/kubernetes/objects/rbac.py). Both reach the workspaces (VPC).
+  cluster_managers = [for n in local.names : n if can(regex(var.cluster_access_pattern, n))]
+  cluster_readers  = [for n in local.names : n if can(regex(var.cluster_read_pattern, n)) && !contains(local.cluster_managers, n)]
+  cluster_users    = concat(local.cluster_managers, local.cluster_readers)
   iap_functions    = { for n, f in local.functions : n => f if f.access == "iap" }
   public_functions = [for n, f in local.functions : n if f.access == "public"]
   schedules = {
@@ -45,6 +48,28 @@ locals {
     for n, f in local.iap_functions : n => lookup(var.iap_hostnames, n, "${replace(n, "_", "-")}.${var.iap_domain}")
   }
   member = { for n, email in module.functions.service_accounts : n => "serviceAccount:${email}" }
+
+  # Who publishes as each component of var.event_publishers: a function as its own account,
+  # what operators publish themselves as the operators, the monitor and the IDE proxy as their Workload Identities.
+  # The node agent and the null runtime run only locally; a workspace's jobs API has no
+  # identity of its own here. A component missing from this map fails the plan.
+  component_members = merge(
+    { for n, m in local.member : n => [m] },
+    {
+      operator     = var.publishers
+      ide_proxy    = [google_service_account.ide_proxy.member]
+      monitor      = [google_service_account.monitor.member]
+      node_agent   = []
+      null_runtime = []
+      workspace    = []
+    },
+  )
+  topic_publishers = {
+    for event, components in var.event_publishers :
+    event => sort(distinct(flatten([for c in components : local.component_members[c]])))
+  }
+
+  ide_hostname = var.ide_hostname != "" ? var.ide_hostname : "ide.${var.iap_domain}"
 }
 
 module "project" {
@@ -117,6 +142,7 @@ module "firestore" {
   location               = var.firestore_location
   point_in_time_recovery = var.firestore_pitr
   delete_protection      = var.firestore_delete_protection
+  composite_indexes      = var.firestore_indexes
   services_ready         = module.project.services
 }
 
@@ -149,6 +175,7 @@ module "gke" {
   release_channel     = var.release_channel
   min_master_version  = var.min_master_version
   pod_snapshots       = var.pod_snapshots
+  autopilot           = var.autopilot
   secrets_kms_key     = module.kms.key_ids["gke"]
   disk_kms_key        = module.kms.key_ids["disks"]
   system_pool         = var.system_pool
@@ -192,6 +219,34 @@ resource "google_service_account" "scheduler" {
   depends_on   = [module.project]
 }
 
+resource "google_service_account" "ide_proxy" {
+  project      = var.project_id
+  account_id   = "stasis-ide-proxy"
+  display_name = "Stasis IDE access proxy"
+  description  = "Workload Identity of the IDE access proxy: reads workspaces and teams, publishes resumes."
+  depends_on   = [module.project]
+}
+
+# The IDE access proxy's front: GKE's Gateway (modules/kubernetes' objects) builds the load
+# balancer on this address with this Google-managed certificate, IAP on its backend.
+resource "google_compute_global_address" "ide" {
+  project = var.project_id
+  name    = "${var.name_prefix}-ide"
+  labels  = var.labels
+}
+
+resource "google_compute_managed_ssl_certificate" "ide" {
+  project = var.project_id
+  name    = "${var.name_prefix}-ide-${substr(sha256(local.ide_hostname), 0, 8)}"
+
+  managed {
+    domains = [local.ide_hostname]
+  }
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
 resource "google_service_account" "monitor" {
   project      = var.project_id
   account_id   = "stasis-monitor"
@@ -212,7 +267,7 @@ module "functions" {
   overrides      = var.function_overrides
   labels         = var.labels
   min_instances = merge(
-    { for n in local.public_functions : n => var.chat_min_instances },
+    { for n in local.public_functions : n => var.chat_min_instances if can(regex("slack|chat", n)) },
     var.min_instances,
   )
   environment = merge({
@@ -222,22 +277,22 @@ module "functions" {
     STASIS_RUNTIME                = var.runtime
     STASIS_IDENTITY               = "iap"
     STASIS_PLATFORM_ADMINS        = join(",", var.platform_admins)
+    STASIS_SLACK_TEAM_ID          = var.slack.team_id
+    STASIS_SLACK_ENTERPRISE_ID    = var.slack.enterprise_id
     STASIS_DASHBOARD_EMAIL_DOMAIN = var.dashboard_email_domain
     STASIS_PROXY_URL              = lookup(module.iap.urls, "proxy", "")
+    STASIS_IDE_PROXY_URL          = "https://${local.ide_hostname}"
     STASIS_K8S_HOST               = "https://${module.gke.dns_endpoint}"
     STASIS_K8S_CLUSTER            = module.gke.cluster_id
     STASIS_K8S_AGENT_IMAGE        = var.agent_image
     STASIS_K8S_POD_SNAPSHOTS      = var.pod_snapshots ? "1" : "0"
+    STASIS_K8S_KUEUE              = var.kueue ? "1" : "0"
+    STASIS_K8S_KUEUE_PROVISIONING = var.kueue && var.kueue_provisioning ? "1" : "0"
     STASIS_K8S_FUNCTION_CIDRS     = var.network.subnet_cidr
   }, var.extra_environment)
-  function_environment = merge(
-    { for n, audience in module.iap.audiences : n => { STASIS_IAP_AUDIENCE = audience } },
-    # The runtime creates a team's RoleBinding for a team Terraform does not know yet with
-    # its own identity as the subject (functions/adapters/kubernetes_runtime.py).
-    { for n in local.cluster_users : n => {
-      STASIS_K8S_SUBJECT = "${local.functions[n].account_id}@${var.project_id}.iam.gserviceaccount.com"
-    } if !contains(keys(local.iap_functions), n) },
-  )
+  function_environment = {
+    for n, audience in module.iap.audiences : n => { STASIS_IAP_AUDIENCE = audience }
+  }
   secret_environment = {
     for env, s in var.secrets : env => {
       secret_id = module.secrets.secret_ids[env]
@@ -271,6 +326,7 @@ module "pubsub" {
   project_id            = var.project_id
   event_topics          = var.event_topics
   event_functions       = var.event_functions
+  raw_topics            = distinct([for f in var.event_functions : f.topic if f.event == null])
   trigger_mode          = var.trigger_mode
   push_endpoints        = { for n in keys(var.event_functions) : n => module.functions.uris[n] }
   push_service_account  = google_service_account.push.email
@@ -281,13 +337,28 @@ module "pubsub" {
   message_regions       = [var.region]
   labels                = var.labels
   dead_letter_readers   = var.dead_letter_readers
-  publishers = concat(
-    [for n in local.publishers : local.member[n]],
-    [google_service_account.monitor.member],
-    var.publishers,
-  )
+
+  # Each event topic: the identities of the components that emit it (event_publishers).
+  publishers             = local.topic_publishers
   dead_letter_publishers = { for n in keys(var.event_functions) : n => local.member[n] }
   depends_on             = [module.project]
+}
+
+module "monitoring" {
+  source           = "../monitoring"
+  project_id       = var.project_id
+  project_number   = module.project.project_number
+  monitoring       = var.monitoring
+  topic_id         = module.pubsub.raw_topic_ids[var.monitoring.topic]
+  cluster_name     = var.cluster_name
+  gpu_memory_ratio = var.gpu_memory_ratio
+  labels           = var.labels
+  # The webhook relays what Alertmanager sends; operators may replay a notification.
+  publishers = concat(
+    [for n in local.public_functions : local.member[n] if can(regex("alertmanager", n))],
+    var.publishers,
+  )
+  depends_on = [module.project]
 }
 
 module "scheduler" {
@@ -307,13 +378,29 @@ module "kubernetes" {
   source                = "../kubernetes"
   count                 = var.manage_kubernetes && var.runtime == "kubernetes" ? 1 : 0
   manifests             = var.kubernetes.manifests
-  control_plane_members = [for n in local.cluster_users : module.functions.service_accounts[n]]
+  kueue                 = var.kueue
+  control_plane_members = [for n in local.cluster_managers : module.functions.service_accounts[n]]
+  reader_members        = [for n in local.cluster_readers : module.functions.service_accounts[n]]
   replacements = {
     "@@PROJECT@@"      = var.project_id
     "@@BUCKET@@"       = module.storage.snapshot_bucket
     "@@AGENT_IMAGE@@"  = var.agent_image
     "@@MONITOR_GSA@@"  = google_service_account.monitor.email
     "@@DISK_KMS_KEY@@" = module.kms.key_ids["disks"]
+    # The IDE access proxy (functions/ideproxy) behind IAP.
+    "@@IDE_HOST@@"            = local.ide_hostname
+    "@@IDE_ADDRESS@@"         = google_compute_global_address.ide.name
+    "@@IDE_CERTIFICATE@@"     = google_compute_managed_ssl_certificate.ide.name
+    "@@IDE_OAUTH_CLIENT_ID@@" = try(var.iap_oauth_client.id, "")
+    "@@IDE_IAP_AUDIENCE@@"    = var.ide_iap_audience
+    "@@IDE_GSA@@"             = google_service_account.ide_proxy.email
+    "@@EMAIL_DOMAIN@@"        = var.dashboard_email_domain
+  }
+  ide_oauth_secret = {
+    namespace = var.kubernetes.ide_proxy.namespace
+    name      = var.kubernetes.ide_proxy.oauth_secret
+    key       = var.kubernetes.ide_proxy.oauth_secret_key
+    value     = try(var.iap_oauth_client.secret, "")
   }
   depends_on = [module.gke]
 }

@@ -5,7 +5,17 @@ output "function_urls" {
 
 output "slack_request_url" {
   description = "Paste into the Slack app's slash command and interactivity settings."
-  value       = { for n in local.public_functions : n => module.functions.uris[n] }
+  value       = { for n in local.public_functions : n => module.functions.uris[n] if can(regex("slack|chat", n)) }
+}
+
+output "alertmanager_webhook_url" {
+  description = "Alertmanager's webhook_configs url (with the bearer token of stasis-alertmanager-token)."
+  value       = { for n in local.public_functions : n => module.functions.uris[n] if can(regex("alertmanager", n)) }
+}
+
+output "monitoring_notification_channel" {
+  description = "The Pub/Sub notification channel of the Stasis alert policies (add it to your own)."
+  value       = module.monitoring.notification_channel
 }
 
 output "iap_urls" {
@@ -16,6 +26,16 @@ output "iap_urls" {
 output "iap_ip_address" {
   description = "A record of every IAP hostname."
   value       = module.iap.ip_address
+}
+
+output "ide_url" {
+  description = "The IDE access proxy (every workspace's IDE at <it>/w/<workspace id>/), behind IAP."
+  value       = "https://${local.ide_hostname}"
+}
+
+output "ide_ip_address" {
+  description = "A record of the IDE proxy's hostname."
+  value       = google_compute_global_address.ide.address
 }
 
 output "snapshot_bucket" {

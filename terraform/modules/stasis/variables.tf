@@ -54,7 +54,7 @@ variable "event_functions" {
     dead_letter_subscription = string
     ordered                  = bool
   }))
-  description = "Generated: the event-triggered entry points of functions/main.py and their triggers (functions/routes.py)."
+  description = "Generated: the event functions of functions/routes.py and their triggers."
 }
 
 variable "http_functions" {
@@ -65,7 +65,16 @@ variable "http_functions" {
     account_id  = string
     schedule    = optional(string)
   }))
-  description = "Generated: the HTTP entry points of functions/main.py, who calls each (public: Slack; iap; scheduler) and the schedule of the periodic ones."
+  description = "Generated: the HTTP functions of functions/routes.py, who calls each (public: Slack; iap; scheduler) and the schedule of the periodic ones."
+}
+
+variable "monitoring" {
+  type = object({
+    topic                   = string
+    gpu_idle_percent        = number
+    gpu_idle_window_seconds = optional(number)
+  })
+  description = "Generated: the monitoring topic and the GPU-idle alert's threshold and window (modules/monitoring)."
 }
 
 variable "kubernetes" {
@@ -74,6 +83,7 @@ variable "kubernetes" {
       namespaces = map(string)
       cluster    = map(string)
       namespaced = map(string)
+      kueue      = map(string)
     })
     teams = map(object({
       namespace       = string
@@ -83,9 +93,28 @@ variable "kubernetes" {
       namespace       = string
       service_account = string
     })
+    ide_proxy = object({
+      namespace        = string
+      service_account  = string
+      oauth_secret     = string
+      oauth_secret_key = string
+    })
     workspace_service_account = string
   })
-  description = "Generated: the cluster's Stasis objects (functions/domain/manifests.py) and the teams of the admin configuration."
+  description = "Generated: the cluster's Stasis objects (functions/kubernetes/objects/) and the teams of the admin configuration."
+}
+
+variable "event_publishers" {
+  type        = map(list(string))
+  description = "Generated: event name -> the components that may publish it (functions/domain/publishers.py): function names, and operator, ide_proxy, monitor, node_agent, null_runtime, workspace. Each topic's publishers are exactly their identities."
+}
+
+variable "firestore_indexes" {
+  type = list(object({
+    collection = string
+    fields     = list(string)
+  }))
+  description = "Generated: the composite indexes of the queries the code declares (functions/queries.py): \"name\" ascending, \"name:desc\" descending."
 }
 
 # --- functions -----------------------------------------------------------------------------------
@@ -180,6 +209,14 @@ variable "extra_environment" {
   default     = {}
 }
 
+variable "slack" {
+  type = object({
+    team_id       = string
+    enterprise_id = optional(string, "")
+  })
+  description = "The Slack workspace (team_id T...) the chat function serves, and its Enterprise Grid org (E...) if any: a signed request from any other is refused."
+}
+
 variable "platform_admins" {
   type        = list(string)
   description = "E-mails of the platform admins (the dashboard's admins, STASIS_PLATFORM_ADMINS)."
@@ -208,8 +245,14 @@ variable "snapshot_access_pattern" {
 
 variable "cluster_access_pattern" {
   type        = string
-  description = "Functions that drive the cluster (RBAC subjects, cluster viewer, Direct VPC egress to the workspaces): the lifecycle, sandbox and job handlers among them."
-  default     = "^on_(workspace|pause|resume|delete|snapshot_finished|runtime|sandbox|job)|reconcile|janitor|idle|proxy"
+  description = "Functions that drive the cluster (the managers' RBAC subjects in every team namespace, cluster viewer, Direct VPC egress to the workspaces): the lifecycle, sandbox and job handlers, the reconciler and the janitor."
+  default     = "^on_(workspace|pause|resume|delete|snapshot_finished|runtime|sandbox|job)|reconcile|janitor"
+}
+
+variable "cluster_read_pattern" {
+  type        = string
+  description = "Functions that only read a workspace's pod and token Secret (the readers' RBAC subjects, cluster viewer, Direct VPC egress): the link proxy, the idle sweep and the idle policy."
+  default     = "^(proxy|idle_sweep|on_idle_detected)$"
 }
 
 variable "secrets" {
@@ -230,6 +273,26 @@ variable "secrets" {
       description = "Slack bot token (xoxb-): replies and notifications through the Web API."
       consumers   = "chat"
     }
+    STASIS_ALERTMANAGER_TOKEN = {
+      secret_id   = "stasis-alertmanager-token"
+      description = "Bearer token Alertmanager sends to the alertmanager webhook (http_config.authorization)."
+      consumers   = "^alertmanager$"
+    }
+    STASIS_NODE_AGENT_TOKEN = {
+      secret_id   = "stasis-node-agent-token"
+      description = "The node agent's credential (runtime = local only: the agent answers nothing but /healthz without it; the value is the agent's <data dir>/agent/token)."
+      consumers   = "^on_(workspace|pause|resume|delete|runtime|sandbox)|reconcile|janitor|idle|proxy"
+    }
+    STASIS_SIDECAR_KEY = {
+      secret_id   = "stasis-sidecar-key"
+      description = "Derives each workspace's snapshot-sidecar token (functions/kubernetes/objects/workspace.py sidecar_token): the runtime writes it into the workspace's Secret, the cluster monitor (Secret stasis-sidecar-key in the system namespace, key `key`) sends it; kernels never hold it."
+      consumers   = "^on_(workspace|pause|resume|delete|runtime)|reconcile"
+    }
+    STASIS_SESSION_SECRET = {
+      secret_id   = "stasis-session-secret"
+      description = "Signs the portal's browser sessions and their CSRF tokens (functions/portal/session.py); the IDE access proxy verifies the same cookies."
+      consumers   = "^portal$"
+    }
   }
 }
 
@@ -242,7 +305,7 @@ variable "secret_values" {
 
 variable "publishers" {
   type        = list(string)
-  description = "More members allowed to publish events (operators running `stasis events publish` against the deployment)."
+  description = "Operators: members that publish themselves (`stasis events publish`, `stasis sandbox` against the deployment) as the `operator` component, so on the request topics only."
   default     = []
 }
 
@@ -267,6 +330,18 @@ variable "iap_hostnames" {
 variable "iap_members" {
   type        = list(string)
   description = "Who IAP lets through to every IAP function (user:, group:, domain:). The functions then apply their own rules (admins only on the dashboard)."
+}
+
+variable "ide_hostname" {
+  type        = string
+  description = "Hostname of the IDE access proxy (every workspace's IDE at https://<it>/w/<id>/); empty: ide.<iap_domain>. Point its A record at the output ide_ip_address."
+  default     = ""
+}
+
+variable "ide_iap_audience" {
+  type        = string
+  description = "The IAP audience of the IDE proxy's backend, /projects/<number>/global/backendServices/<id>: GKE creates that backend service for the Gateway, so it is known after the first apply with the cluster objects (`gcloud compute backend-services list --filter='name~stasis-ide-proxy' --format='value(id)'`). Empty: the proxy refuses every request."
+  default     = ""
 }
 
 variable "iap_oauth_client" {
@@ -328,6 +403,12 @@ variable "kms_key_ring" {
 }
 
 # --- cluster -------------------------------------------------------------------------------------
+variable "gpu_memory_ratio" {
+  type        = number
+  description = "GPU memory used over total above which a workspace's owner is told (modules/monitoring)."
+  default     = 0.95
+}
+
 variable "cluster_name" {
   type        = string
   description = "Name of the GKE cluster."
@@ -362,6 +443,24 @@ variable "pod_snapshots" {
   type        = bool
   description = "GKE Pod Snapshots (snapshot method `pod`)."
   default     = true
+}
+
+variable "kueue" {
+  type        = bool
+  description = "Kueue admits workspace pods and JobSets (install Kueue v0.19 in the cluster first): the teams' ClusterQueues, LocalQueues, flavors and priority classes are applied, and the functions run with STASIS_K8S_KUEUE=1."
+  default     = false
+}
+
+variable "kueue_provisioning" {
+  type        = bool
+  description = "With kueue: accelerator flavors wait for GKE's Dynamic Workload Scheduler (ProvisioningRequest admission check, queued-provisioning.gke.io)."
+  default     = false
+}
+
+variable "autopilot" {
+  type        = bool
+  description = "Make the cluster GKE Autopilot instead of Standard: GKE provisions nodes per pod (node_pools and system_pool are then unused); every Stasis pod keeps to Autopilot's constraints."
+  default     = false
 }
 
 variable "system_pool" {

@@ -1,0 +1,83 @@
+"""Storage listing is confined to the team's own prefix (issue 18 §7), checked over the parsed
+HCL of ``terraform/modules/stasis/iam.tf``.
+
+``storage.objects.list`` is authorised against the bucket, so any object role a team's
+principal holds on the bucket (whatever its condition says about object names, once it
+admits the bucket itself) lists every object name in it: other teams' workspace, snapshot
+and sandbox ids. The team's object role is therefore granted on a managed folder, the team's
+snapshot prefix, and nothing that names a team principal grants an object role on the bucket.
+(checkov over the whole tree runs in tests/unit/test_terraform.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hcl2  # python-hcl2, a test dependency
+import pytest
+
+IAM = Path(__file__).resolve().parents[2] / "terraform" / "modules" / "stasis" / "iam.tf"
+#: Roles that carry storage.objects.list (or more) on what they are granted on.
+OBJECT_ROLES = frozenset({"roles/storage.objectUser", "roles/storage.objectViewer",
+                          "roles/storage.objectAdmin", "roles/storage.admin",
+                          "roles/storage.legacyBucketReader", "roles/storage.legacyBucketOwner",
+                          "roles/storage.legacyBucketWriter"})
+TEAM_PRINCIPAL = "local.team_principal"
+
+
+@pytest.fixture(scope="module")
+def resources() -> dict[tuple[str, str], dict[str, Any]]:
+    with IAM.open() as f:
+        parsed = hcl2.load(f)
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for block in parsed.get("resource", []):
+        for rtype, named in block.items():
+            for name, body in named.items():
+                if not _text(name).startswith("__"):
+                    found[(_text(rtype), _text(name))] = {_text(k): v for k, v in body.items()}
+    return found
+
+
+def _text(value: Any) -> str:
+    """A value as written, without the quotes python-hcl2 may keep around strings."""
+    text = str(value)
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+
+
+def test_no_team_principal_holds_an_object_role_on_the_bucket(
+        resources: dict[tuple[str, str], dict[str, Any]]) -> None:
+    bucket_grants = {key: body for key, body in resources.items()
+                     if key[0] in ("google_storage_bucket_iam_member",
+                                   "google_storage_bucket_iam_binding")}
+    assert bucket_grants, "iam.tf grants nothing on the bucket: the test reads the wrong file"
+    offending = [f"{rtype}.{name} ({_text(body['role'])})"
+                 for (rtype, name), body in bucket_grants.items()
+                 if TEAM_PRINCIPAL in _text(body.get("member") or body.get("members"))
+                 and _text(body["role"]) in OBJECT_ROLES]
+    assert not offending, ("a team principal may list every object name in the bucket: "
+                           + ", ".join(offending))
+
+
+def test_each_team_reads_and_writes_its_own_managed_folder(
+        resources: dict[tuple[str, str], dict[str, Any]]) -> None:
+    folder = resources[("google_storage_managed_folder", "team")]
+    assert _text(folder["for_each"]) == "${var.kubernetes.teams}"
+    assert _text(folder["name"]) == "${each.value.snapshot_prefix}"
+    grant = resources[("google_storage_managed_folder_iam_member", "team_objects")]
+    assert _text(grant["for_each"]) == "${var.kubernetes.teams}"
+    assert _text(grant["managed_folder"]) == \
+        "${google_storage_managed_folder.team[each.key].name}"
+    assert _text(grant["member"]) == "${local.team_principal[each.key]}"
+    assert _text(grant["role"]) == "roles/storage.objectUser"
+
+
+def test_each_teams_prefix_is_a_folder_of_its_own() -> None:
+    """A managed folder's name ends with ``/``, and no team's folder holds another's: the
+    prefixes the generator gives Terraform (deploy/cluster.py) must say so."""
+    from deploy import cluster
+
+    teams = cluster.kubernetes_objects(["ml-a", "ml-ab"], {})["teams"]
+    prefixes = {t: info["snapshot_prefix"] for t, info in teams.items()}
+    assert prefixes == {"ml-a": "snapshots/ml-a/", "ml-ab": "snapshots/ml-ab/"}
+    assert not prefixes["ml-ab"].startswith(prefixes["ml-a"])
