@@ -302,6 +302,29 @@ class Schedule:
 
 Command = Provision | Snapshot | Release | Restore | Destroy | DiscardSnapshot | Schedule
 
+#: States no server is decided into: a Provision or Restore found there is stale.
+_STOPPED = frozenset({State.PAUSED, State.FAILED, State.DELETING, State.DELETED})
+
+
+def outdated(command: Command, ws: Workspace | None) -> str | None:
+    """Why ``command`` no longer applies to the workspace as it is now (None: carry it out).
+
+    An outbox is sent again when its event is redelivered after a crash between the commit
+    and mark-done, and by then the workspace may have moved on. A Release is decided only
+    into PAUSED, FAILED or QUEUED; replayed into the resume that followed, it withdrew that
+    resume and left the workspace RESUMING for the reconciler (found by the chaos test).
+    A Provision or Restore replayed after a pause would start a server for a paused
+    workspace; a Restore of an older snapshot would start the wrong one."""
+    if ws is None:
+        return None
+    if isinstance(command, Release) and ws.state in HOLDS_HARDWARE:
+        return f"the workspace is {ws.state} now: it holds its server again"
+    if isinstance(command, Provision | Restore) and ws.state in _STOPPED:
+        return f"the workspace is {ws.state} now"
+    if isinstance(command, Restore) and command.snapshot_id != ws.current_snapshot:
+        return f"its snapshot is {ws.current_snapshot} now, not {command.snapshot_id}"
+    return None
+
 
 @dataclass(frozen=True)
 class RuntimeDestroyed:

@@ -4,8 +4,11 @@ the function that carries it out.
 A decision's commands (frozen dataclasses of ``functions.domain.lifecycle``, ``.sandboxes``
 and ``.jobs``) are committed in its ledger entry's outbox and carried out here once the
 transaction has committed (``functions.handlers.pipeline`` sends them). A redelivered event
-whose entry is still pending sends its outbox again, so every executor is idempotent:
-runtime calls are, and a start first checks that the record is still RUNNING.
+whose entry is still pending sends its outbox again, perhaps after the subject moved on,
+so every executor is idempotent and acts on the subject as it is now: runtime calls are
+idempotent, a start first checks that the record is still RUNNING, and a workspace's
+Provision, Restore or Release is carried out only while it still applies
+(``lifecycle.outdated``).
 
 A runtime that refuses for good (``RuntimeRefused``) is answered as the runtime would have
 reported it, so the family's handler records the failure and frees what it held: a refused
@@ -24,7 +27,7 @@ from typing import Any
 
 from events import Event, SandboxFinished, SnapshotFinished, WorkspaceRuntimeFailed, new_event
 from events.payloads import JobFinished
-from functions.domain import admission, retention
+from functions.domain import admission, lifecycle, retention
 from functions.domain.jobs import CancelJob, JobState, StartJob
 from functions.domain.lifecycle import (
     Destroy,
@@ -75,12 +78,12 @@ Executor = Callable[[Any, Context], None]
 
 # --- workspaces ------------------------------------------------------------------------------
 def _provision(command: Provision, ctx: Context) -> None:
-    _on_runtime(command.workspace_id, ctx, lambda spec: ctx.deps.runtime.provision(spec),
+    _on_runtime(command, ctx, lambda spec: ctx.deps.runtime.provision(spec),
                 lambda error: WorkspaceRuntimeFailed(command.workspace_id, "provision", error))
 
 
 def _snapshot(command: Snapshot, ctx: Context) -> None:
-    _on_runtime(command.workspace_id, ctx,
+    _on_runtime(command, ctx,
                 lambda spec: ctx.deps.runtime.snapshot(
                     spec, command.snapshot_id, base=command.base,
                     base_manifest_sha256=command.base_manifest_sha256),
@@ -89,19 +92,20 @@ def _snapshot(command: Snapshot, ctx: Context) -> None:
 
 
 def _restore(command: Restore, ctx: Context) -> None:
-    _on_runtime(command.workspace_id, ctx,
+    _on_runtime(command, ctx,
                 lambda spec: ctx.deps.runtime.restore(
                     spec, command.snapshot_id, manifest_sha256=command.manifest_sha256,
                     device_arrays_to_cpu=command.device_arrays_to_cpu),
                 lambda error: WorkspaceRuntimeFailed(command.workspace_id, "resume", error))
 
 
-def _on_runtime(workspace_id: str, ctx: Context, call: Callable[[WorkspaceSpec], None],
-                failure: Callable[[str], Any]) -> None:
-    """Ask the runtime to act on the workspace as it is now; a refusal for good is
-    reported as the runtime would, so the lifecycle records the failure."""
-    ws = ctx.deps.store.get_workspace(workspace_id)
-    if ws is None:
+def _on_runtime(command: Provision | Snapshot | Restore, ctx: Context,
+                call: Callable[[WorkspaceSpec], None], failure: Callable[[str], Any]) -> None:
+    """Ask the runtime to act on the workspace as it is now, unless the command no longer
+    applies to it; a refusal for good is reported as the runtime would, so the lifecycle
+    records the failure."""
+    ws = ctx.deps.store.get_workspace(command.workspace_id)
+    if ws is None or _outdated(command, ws):
         return
     try:
         call(workspace_spec(ws, ctx.deps, ctx.event.requestid))
@@ -110,7 +114,16 @@ def _on_runtime(workspace_id: str, ctx: Context, call: Callable[[WorkspaceSpec],
 
 
 def _release(command: Release, ctx: Context) -> None:
-    ctx.deps.runtime.release(command.workspace_id)
+    if not _outdated(command, ctx.deps.store.get_workspace(command.workspace_id)):
+        ctx.deps.runtime.release(command.workspace_id)
+
+
+def _outdated(command: Any, ws: Workspace | None) -> bool:
+    why = lifecycle.outdated(command, ws)
+    if why:
+        log.info("%s: %s not carried out: %s", command.workspace_id, type(command).__name__,
+                 why)
+    return why is not None
 
 
 def _discard_snapshot(command: DiscardSnapshot, ctx: Context) -> None:

@@ -16,7 +16,8 @@ table from payload type to :class:`Step`, what its transaction is about and how 
    family's ``<family>.state_changed``, with deterministic ids) published on the bus.
 3. **mark done**: the entry's outbox was sent. A crash before this leaves the entry
    pending, and the redelivery of the event sends the same outbox again (every command is
-   idempotent, and an event sent twice has the same id).
+   idempotent and checks it still applies to the subject as it is now, and an event sent
+   twice has the same id).
 4. **log** what was decided.
 
 The outbox, as stored: ``{"command": "<type name>", "fields": {...}}`` for a command,

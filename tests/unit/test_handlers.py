@@ -36,6 +36,7 @@ from events import (
     WorkspacePauseRequested,
     WorkspaceReady,
     WorkspaceRequested,
+    WorkspaceResumeRequested,
     new_event,
 )
 from events.payloads import JobFinished, JobSubmitted
@@ -61,7 +62,7 @@ from functions.domain.sandboxes import (
     SuspendSandbox,
 )
 from functions.handlers import idle, janitor, jobs, lifecycle, pipeline, sandboxes
-from functions.handlers.commands import EXECUTORS
+from functions.handlers.commands import EXECUTORS, Context
 from functions.ports import RuntimeUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,6 +259,53 @@ def test_an_outbox_that_failed_midway_is_sent_again_by_the_redelivery() -> None:
     assert deps.runtime.calls == [("provision", WS), ("provision", WS)]
     assert len(published(deps, "workspace.state_changed")) == 1
     assert [e["status"] for e in deps.store.entries()] == ["done"]
+
+
+def test_a_replayed_outbox_does_not_release_the_resume_that_followed() -> None:
+    """A crash between PAUSED's commit and mark-done: the redelivered snapshot.finished
+    sends its outbox again after the owner resumed. Its Release must not withdraw that
+    resume (the chaos test found workspaces left RESUMING so), and nothing of the
+    replayed outbox may start or stop a server."""
+    class LosesTheSecondRelease(RecordingRuntime):
+        def release(self, workspace_id: str) -> None:
+            super().release(workspace_id)
+            if sum(c[0] == "release" for c in self.calls) == 2:  # the outbox's, after commit
+                raise RuntimeUnavailable("function host killed")
+
+    deps = _deps(runtime=LosesTheSecondRelease())
+    _running(deps)
+    lifecycle.handle(_event(WorkspacePauseRequested(WS, "alice")), deps, "on_pause_requested")
+    [snapshot_call] = [c for c in deps.runtime.calls if c[0] == "snapshot"]
+    done = _event(SnapshotFinished(WS, snapshot_call[2], True, bytes=1000, uri="gs://b/s"))
+    with pytest.raises(RuntimeUnavailable):
+        lifecycle.handle(done, deps, "on_snapshot_finished")
+    assert _doc(deps, "workspaces", WS)["state"] == "PAUSED"  # type: ignore[index]
+    lifecycle.handle(_event(WorkspaceResumeRequested(WS, "alice")), deps, "on_resume_requested")
+    assert _doc(deps, "workspaces", WS)["state"] == "RESUMING"  # type: ignore[index]
+    calls = list(deps.runtime.calls)
+    assert calls[-1][0] == "restore"
+    assert lifecycle.handle(done, deps, "on_snapshot_finished") is None  # the redelivery
+    assert deps.runtime.calls == calls  # no release of the resuming workspace
+    assert _doc(deps, "workspaces", WS)["state"] == "RESUMING"  # type: ignore[index]
+    assert [e["status"] for e in deps.store.entries()
+            if e["consumer"] == "on_snapshot_finished"] == ["done"]
+
+
+def test_a_provision_or_restore_replayed_after_a_pause_starts_nothing() -> None:
+    deps = _deps()
+    _running(deps)
+    lifecycle.handle(_event(WorkspacePauseRequested(WS, "alice")), deps, "on_pause_requested")
+    [snapshot_call] = [c for c in deps.runtime.calls if c[0] == "snapshot"]
+    lifecycle.handle(_event(SnapshotFinished(WS, snapshot_call[2], True, bytes=10,
+                                             uri="gs://b/s")), deps, "on_snapshot_finished")
+    calls = list(deps.runtime.calls)
+    context = Context(deps, _event(WorkspacePauseRequested(WS, "alice")), "//test",
+                      lambda again, consumer: None)
+    for command in (Provision(WS), Restore(WS, snapshot_call[2])):
+        EXECUTORS[type(command)](command, context)  # as a replayed outbox would
+    assert deps.runtime.calls == calls
+    EXECUTORS[Release](Release(WS), context)  # a release still applies to a paused one
+    assert deps.runtime.calls == [*calls, ("release", WS)]
 
 
 # -- sandboxes ----------------------------------------------------------------------------------
