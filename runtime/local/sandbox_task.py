@@ -133,6 +133,10 @@ def exec_argv(spec: Mapping[str, Any], argv: Sequence[str], *, cwd: str,
            "--file-bytes", str(file_bytes), "--processes", str(spec["limits"]["processes"])]
     if cgroup is not None:
         out += ["--cgroup", str(cgroup)]
+    for path in spec.get("hide") or ():
+        out += ["--hide", str(path)]
+    for path in spec.get("keep") or ():
+        out += ["--keep", str(path)]
     if spec.get("uid") is not None:
         out += ["--uid", str(spec["uid"]), "--gid", str(spec["gid"])]
     return [*out, "--", *argv]

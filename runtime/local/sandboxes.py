@@ -93,6 +93,8 @@ LIMIT_KEYS = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes")
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: The node admin's consent to sandboxes whose isolation the probe could not verify.
 ALLOW_UNISOLATED = "STASIS_SANDBOX_ALLOW_UNISOLATED"
+#: More directories a task must not see (``SandboxRunner.hidden``), ``:``-separated.
+HIDE = "STASIS_SANDBOX_HIDE"
 _PROBE_TIMEOUT = 20.0
 _FINISHED_FIELDS = {f.name for f in dataclasses.fields(SandboxFinished)}
 _SUSPENDED_FIELDS = {f.name for f in dataclasses.fields(SandboxSuspended)}
@@ -109,6 +111,9 @@ class Isolation:
     detail: str
     #: Why a root agent's sandboxes cannot get a user of their own ("" when they can).
     users_detail: str = ""
+    #: Whether a mount namespace hides the agent's state, homes and code (probed itself).
+    mounts: bool = False
+    mounts_detail: str = ""
 
     def refusal(self, allowed: list[str], *, agent_uid: int,
                 allow_unisolated: bool) -> str | None:
@@ -125,6 +130,12 @@ class Isolation:
         if not allowed and not self.network:
             return ("refused: network isolation could not be verified on this host "
                     f"({self.detail}); the task would reach this host's loopback services. "
+                    "An admin may allow unisolated sandboxes on this node "
+                    "(STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+        if not self.mounts:
+            return ("refused: the mount namespace that hides the node agent's state, the "
+                    "workspaces' homes and the kernels' code could not be verified on this "
+                    f"host ({self.mounts_detail or 'not probed'}); the task could read them. "
                     "An admin may allow unisolated sandboxes on this node "
                     "(STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
         if agent_uid != 0:
@@ -151,14 +162,24 @@ class Isolation:
 
 
 def detect_isolation(python: str = sys.executable) -> Isolation:
-    """Probe, in a fresh process, what a sandbox here can be kept from."""
+    """Probe, in a fresh process, what a sandbox here can be kept from: the network, the
+    mount namespace (a directory with a readable file is hidden, one under it kept) and
+    the user drop, each on its own."""
     separate_users = os.geteuid() == 0
     probe_uid = UID_BASE + UID_COUNT - 1
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server, \
+            tempfile.TemporaryDirectory(prefix="stasis-probe-") as scratch:
+        hidden, kept = Path(scratch) / "hidden", Path(scratch) / "hidden" / "kept"
+        kept.mkdir(parents=True)
+        (hidden / "secret").write_text("the agent's state\n")
+        (kept / "marker").write_text("the sandbox's own directory\n")
+        for path, mode in ((Path(scratch), 0o711), (hidden, 0o711), (kept, 0o755),
+                           (hidden / "secret", 0o644), (kept / "marker", 0o644)):
+            os.chmod(path, mode)
         server.bind(("127.0.0.1", 0))
         server.listen(8)
         argv = [python, "-I", str(EXEC_PATH), "--probe", "--port",
-                str(server.getsockname()[1])]
+                str(server.getsockname()[1]), "--hide", str(hidden), "--keep", str(kept)]
         if separate_users:
             argv += ["--uid", str(probe_uid), "--gid", str(probe_uid)]
         try:
@@ -166,18 +187,23 @@ def detect_isolation(python: str = sys.executable) -> Isolation:
                                   env={"PATH": FALLBACK_PATH}, cwd="/", check=False)
             report = json.loads(done.stdout or "{}")
         except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-            return Isolation(False, False, f"the isolation probe failed: {exc}")
+            return Isolation(False, False, f"the isolation probe failed: {exc}",
+                             mounts_detail=f"the isolation probe failed: {exc}")
     users_detail = ""
     if separate_users and (report.get("user") is not True or report.get("uid") != probe_uid):
         separate_users = False
         users_detail = str(report.get("user_why") or f"the probe ran as uid {report.get('uid')}")
+    mounts = report.get("mounts") is True
+    mounts_detail = ("a mount namespace hides the agent's state, homes and code"
+                     if mounts else str(report.get("mounts_why") or "no report"))
     if report.get("network"):
         users = "; each sandbox runs as its own user" if separate_users else ""
         return Isolation(True, separate_users,
                          f"network namespaces (host loopback {report.get('host_loopback')}, "
-                         f"setns: {report.get('setns')}){users}", users_detail)
+                         f"setns: {report.get('setns')}){users}", users_detail,
+                         mounts, mounts_detail)
     why = report.get("why") or (done.stderr.strip().splitlines() or ["no report"])[-1]
-    return Isolation(False, separate_users, str(why), users_detail)
+    return Isolation(False, separate_users, str(why), users_detail, mounts, mounts_detail)
 
 
 def sandbox_root(settings: AgentSettings, isolation: Isolation,
@@ -306,14 +332,29 @@ class SandboxRunner:
         if uid is not None:
             path = ":".join(p for p in path.split(":") if reachable_by_others(p)) or \
                 FALLBACK_PATH
+        hide = self.hidden() if self.isolation.mounts else []
+        path = ":".join(p for p in path.split(":") if not _under(p, hide)) or FALLBACK_PATH
         return {
             "uid": uid, "gid": uid,
+            "hide": hide, "keep": [str(self.root / spec["sandbox_id"])],
             "net": "isolated" if self.isolation.network and not allowed else "host",
             "isolation": self.isolation.network,
             "network": self.isolation.statement(allowed),
             "python": self.python, "path": path,
             "started_at": datetime.now(UTC).isoformat(),
         }
+
+    def hidden(self) -> list[str]:
+        """What a task must not see: the agent's data directory (its state and tokens, the
+        workspaces' homes), every sandbox's directory (its own is kept), the code the
+        agent and the kernels import, the virtual environment they run in, and what the
+        node's admin adds (``STASIS_SANDBOX_HIDE``: directories separated by ``:``, for
+        example a shared dataset cache or another code tree)."""
+        paths = [self.settings.data_dir, self.root, self.settings.repo_root,
+                 *(p for p in self.environ.get(HIDE, "").split(":") if p.strip())]
+        if sys.prefix != sys.base_prefix:  # a venv: the kernels' packages
+            paths.append(Path(sys.prefix))
+        return sorted({str(Path(p).resolve()) for p in paths})
 
     def _free_uid(self) -> int:
         with self._lock:
@@ -523,6 +564,10 @@ class SandboxRunner:
         with self._lock:
             self._threads.append(thread)
         thread.start()
+
+
+def _under(path: str, directories: list[str]) -> bool:
+    return any((path.rstrip("/") + "/").startswith(d.rstrip("/") + "/") for d in directories)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -410,6 +410,75 @@ def test_a_sandbox_whose_user_drop_fails_is_refused_even_when_allowed(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_task_sees_nothing_of_the_agent_state_other_homes_or_the_kernels_code(
+        env: Env, repo: Path) -> None:
+    """The agent's data dir (state, tokens, homes, other sandboxes) and the code the kernels
+    import are empty, unreadable and read-only to the task; its own working copy is not.
+    Everything here is world-readable (or writable), so only the mount namespace stops it."""
+    base = Path(tempfile.mkdtemp(prefix="stasis-test-agent-"))
+    try:
+        data, code = base / "data", base / "site-packages"
+        (data / "homes" / "ws-b").mkdir(parents=True)
+        (data / "agent").mkdir()
+        (data / "homes" / "ws-b" / "notes.txt").write_text("ws-b-private-notes\n")
+        (data / "agent" / "state.json").write_text('{"token": "jupyter-token-of-ws-b"}\n')
+        code.mkdir()
+        for path in (base, data, data / "homes", data / "homes" / "ws-b", data / "agent"):
+            path.chmod(0o755)
+        code.chmod(0o777)  # as a non-root agent's venv is to a task running as that user
+        runner = SandboxRunner(AgentSettings(data_dir=data, project=env.project),
+                               RecordingPublisher(), environ={**env.environ,
+                                                              "STASIS_SANDBOX_HIDE": str(code)})
+        if not runner.isolation.mounts:
+            pytest.skip(f"no mount namespace here: {runner.isolation.mounts_detail}")
+        assert runner.root == data / "sandboxes"  # its own directory is under a hidden one
+        command = (f"cat {data}/agent/state.json; cat {data}/homes/ws-b/notes.txt; "
+                   f"ls {data} {data}/homes; head -1 {ROOT}/pyproject.toml; "
+                   f"echo 'import os' > {code}/planted.py; ls {runner.root}; "
+                   "echo mine > mine.txt && echo WORK''-OK; touch $HOME/h && echo HOME''-OK; "
+                   "true")
+        result = run(runner, env, repo, command)
+        assert result.succeeded, result.error
+        log = env.read(result.log_uri).decode()
+        assert "jupyter-token-of-ws-b" not in log and "ws-b-private-notes" not in log
+        assert "[project]" not in log and "[build-system]" not in log
+        assert f"{data}/agent/state.json: No such file or directory" in log
+        assert "Read-only file system" in log and not (code / "planted.py").exists()
+        assert "WORK-OK" in log and "HOME-OK" in log and result.files_changed == ["mine.txt"]
+        assert (data / "agent" / "state.json").exists()  # hidden, not harmed
+        runner.wait_idle(30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_sandbox_whose_mount_namespace_fails_is_refused(
+        env: Env, repo: Path, tmp_path: Path) -> None:
+    """No CAP_SYS_ADMIN: the mount namespace is probed on its own and fails; a sandbox
+    that needs no network namespace (its network allowed by the policy) is still refused,
+    with the reason, unless unisolated sandboxes are allowed."""
+    from runtime.local.node import Refused
+
+    isolation = _probe_without("sys_admin", tmp_path)
+    assert not isolation.mounts and isolation.separate_users
+    assert "unshare (new mount namespace): Operation not permitted" in isolation.mounts_detail
+    root = Path(tempfile.mkdtemp(prefix="stasis-test-sandboxes-"))
+    try:
+        runner = _runner_with(isolation, env, tmp_path, root)
+        with pytest.raises(Refused) as refused:
+            run(runner, env, repo, "touch ran.txt", allowed=["127.0.0.1"])
+        assert "mount namespace that hides the node agent's state" in str(refused.value)
+        assert "unshare (new mount namespace): Operation not permitted" in str(refused.value)
+        assert list(root.iterdir()) == []
+
+        allowed = _runner_with(isolation, env, tmp_path, root,
+                               STASIS_SANDBOX_ALLOW_UNISOLATED="1")
+        result = run(allowed, env, repo, "true", allowed=["127.0.0.1"])
+        assert result.succeeded, result.error
+        allowed.wait_idle(30)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # -- parallel --------------------------------------------------------------------------------
 
 

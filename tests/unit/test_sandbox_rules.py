@@ -462,14 +462,21 @@ def test_exit_status_follows_the_shell_convention() -> None:
 
 
 @pytest.mark.parametrize("isolation, allowed, uid, consent, refused", [
-    (Isolation(True, True, "probed"), [], 0, False, None),
-    (Isolation(True, True, "probed"), ["pypi.org"], 0, False, None),  # the policy's consent
-    (Isolation(False, True, "unshare: EPERM"), [], 0, False, "network isolation could not"),
-    (Isolation(False, True, "unshare: EPERM"), [], 0, True, None),
-    (Isolation(True, False, "probed", "setuid: EPERM"), [], 0, False, "never runs as root"),
-    (Isolation(True, False, "probed", "setuid: EPERM"), [], 0, True, "never runs as root"),
-    (Isolation(True, False, "probed"), [], 1000, False, "runs as uid 1000, not root"),
-    (Isolation(True, False, "probed"), [], 1000, True, None),
+    (Isolation(True, True, "probed", mounts=True), [], 0, False, None),
+    (Isolation(True, True, "probed", mounts=True), ["pypi.org"], 0, False, None),  # policy
+    (Isolation(False, True, "unshare: EPERM", mounts=True), [], 0, False,
+     "network isolation could not"),
+    (Isolation(False, True, "unshare: EPERM", mounts=True), [], 0, True, None),
+    (Isolation(True, False, "probed", "setuid: EPERM", True), [], 0, False, "never runs as root"),
+    (Isolation(True, False, "probed", "setuid: EPERM", True), [], 0, True, "never runs as root"),
+    (Isolation(True, False, "probed", mounts=True), [], 1000, False, "runs as uid 1000, not root"),
+    (Isolation(True, False, "probed", mounts=True), [], 1000, True, None),
+    # The mount namespace is probed on its own; without it the agent's state is readable.
+    (Isolation(True, True, "probed", mounts_detail="mount: EPERM"), [], 0, False,
+     "mount namespace that hides the node agent's state"),
+    (Isolation(True, True, "probed", mounts_detail="mount: EPERM"), ["pypi.org"], 0, False,
+     "(mount: EPERM)"),
+    (Isolation(True, True, "probed", mounts_detail="mount: EPERM"), [], 0, True, None),
 ])
 def test_sandboxes_fail_closed(isolation: Isolation, allowed: list[str], uid: int,
                                consent: bool, refused: str | None) -> None:
