@@ -158,7 +158,7 @@ EXIT_SUSPENDED = options.EXIT_SUSPENDED
 def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
                  allowed: tuple[str, ...], cpu_seconds: int | None, memory: str | None,
                  wall_clock: int | None, processes: int | None, idle: int | None,
-                 sandbox_id: str | None, wait: bool, wait_timeout: float) -> None:
+                 disk: str | None, sandbox_id: str | None, wait: bool, wait_timeout: float) -> None:
     """As an agent holding a link: run COMMAND in a sandbox of the workspace's team (as the
     link's creator). Prints the sandbox id; with --wait, the patch on stdout (progress on
     stderr). Exit 0 succeeded, 1 the task failed, 3 link or request refused, 4 unavailable or
@@ -179,7 +179,7 @@ def link_sandbox(link_url: str, repository: str, command: str, base_ref: str,
     session.trust_env = False
     session.headers.update(link_client.auth_headers(address))
     url = f"{address.workspace_url}/stasis/sandboxes"
-    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle)
+    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle, disk)
     body: dict[str, Any] = {"repository": repository, "command": command,
                             "base_ref": base_ref, "limits": limits,
                             "allowed_network": list(dict.fromkeys(allowed))}

@@ -105,6 +105,9 @@ def task_options(fn: Any) -> Any:
         click.option("--idle-seconds", "idle", type=int, default=None,
                      help="Suspend the task after this long without progress (0: never, if "
                           "the policy permits). Default: the team's policy."),
+        click.option("--disk", default=None,
+                     help="Disk quota of the working copy, home and tmp together, e.g. 4Gi. "
+                          "Default: the team's policy."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -112,11 +115,12 @@ def task_options(fn: Any) -> Any:
 
 
 def limits_of(cpu_seconds: int | None, memory: str | None, wall_clock: int | None,
-              processes: int | None, idle: int | None) -> dict[str, Any]:
+              processes: int | None, idle: int | None, disk: str | None = None,
+              ) -> dict[str, Any]:
     """The limits a request asks for; the ones not given come from the team's policy."""
     return {k: v for k, v in (
         ("cpu_seconds", cpu_seconds), ("memory", memory), ("wall_clock_seconds", wall_clock),
-        ("processes", processes), ("idle_seconds", idle)) if v is not None}
+        ("processes", processes), ("idle_seconds", idle), ("disk", disk)) if v is not None}
 
 
 @sandbox.command("run")
@@ -129,7 +133,7 @@ def limits_of(cpu_seconds: int | None, memory: str | None, wall_clock: int | Non
 @options.json_output
 def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str, ...],
                 cpu_seconds: int | None, memory: str | None, wall_clock: int | None,
-                processes: int | None, idle: int | None, team: str | None,
+                processes: int | None, idle: int | None, disk: str | None, team: str | None,
                 sandbox_id: str | None, wait: bool, wait_timeout: float,
                 as_json: bool) -> None:
     """Run COMMAND on a working copy of REPO at BASE; the result is a patch.
@@ -146,7 +150,7 @@ def sandbox_run(repository: str, command: str, base_ref: str, allowed: tuple[str
         if not (path / ".git").exists():
             raise click.UsageError(f"{path} is not a git checkout")
         repository = str(path)
-    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle)
+    limits = limits_of(cpu_seconds, memory, wall_clock, processes, idle, disk)
     payload = SandboxRequested(
         sandbox_id=sandbox_id or new_sandbox_id(), team=team, requester=user,
         repository=repository, command=command, base_ref=base_ref, limits=limits,

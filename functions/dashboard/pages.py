@@ -562,7 +562,9 @@ def sandboxes(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
                       if d.get("patch_uri") else ""),
             "limits": (f"{limits.get('cpu_seconds', '?')} CPU s, "
                        f"{stats.size(limits.get('memory_bytes'))}, "
-                       f"{limits.get('wall_clock_seconds', '?')} s" if limits else ""),
+                       f"{limits.get('wall_clock_seconds', '?')} s"
+                       + (f", {stats.size(limits['disk_bytes'])} disk"
+                          if limits.get("disk_bytes") else "") if limits else ""),
             "message": redact(d.get("message") or d.get("error")),
             "suspended": (stats.ago(d.get("suspended_at"), ctx.now)
                           if d.get("state") == "SUSPENDED" else "")})

@@ -10,13 +10,15 @@ diff against the base ref for review (never applied automatically). Its life:
                SUSPENDED  -> (cancelled, lost) KILLED | FAILED
     (a request that is refused is recorded FAILED at once, holding no slot)
 
-- **Policy** (:class:`SandboxPolicy`): limits (CPU seconds, memory, wall clock, processes)
-  with a default and a maximum, a per-team concurrency cap, a bound on the queue, and the
-  network destinations a team may open and the repositories it may name (any, unless the
-  policy lists patterns). It is read from the optional ``sandboxes`` section
-  of the applied admin config (``catalog/current``); every field has a default, so a
-  config without the section gets :data:`DEFAULT_POLICY`. Team entries under ``teams``
-  override the global fields one by one.
+- **Policy** (:class:`SandboxPolicy`): limits (CPU seconds, memory, wall clock, processes,
+  disk) with a default and a maximum, a per-team concurrency cap, a bound on the queue,
+  the network destinations a team may open, the repositories it may name (any, unless the
+  policy lists patterns), and whether it consents to hosts whose isolation the runtime
+  could not verify (``allow_unisolated``, default false: such a sandbox is refused). It
+  is read from the optional ``sandboxes`` section of the applied admin config
+  (``catalog/current``); every field has a default, so a config without the section gets
+  :data:`DEFAULT_POLICY`. Team entries under ``teams`` override the global fields one by
+  one.
 - **Admission** (:func:`admit`): over the cap a request is QUEUED with its position, never
   refused silently; only a full queue, a non-member, limits above the maximum, a network
   destination or a repository the policy does not permit are refused, each with a message
@@ -147,7 +149,10 @@ _OUTCOME: dict[Termination, tuple[SandboxState, Reason]] = {
 # Limits and policy
 # --------------------------------------------------------------------------------------------
 
-LIMIT_FIELDS = ("cpu_seconds", "memory", "wall_clock_seconds", "processes", "idle_seconds")
+LIMIT_FIELDS = ("cpu_seconds", "memory", "wall_clock_seconds", "processes", "idle_seconds",
+                "disk")
+#: The disk quota of a sandbox recorded before quotas existed, and the default one.
+DEFAULT_DISK_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -155,13 +160,16 @@ class Limits:
     """What one sandbox is held to. ``processes`` bounds how many processes it may have at
     once (enforced where the runtime can give each sandbox a user of its own).
     ``idle_seconds``: a task making no progress (no CPU time, no I/O) that long is
-    suspended; 0 means never, and ranks above every other value (:func:`limit_rank`)."""
+    suspended; 0 means never, and ranks above every other value (:func:`limit_rank`).
+    ``disk_bytes``: what its working copy, home and temporary files may hold together
+    (past it a write fails with ENOSPC; the host's disk is not touched)."""
 
     cpu_seconds: int
     memory_bytes: int
     wall_clock_seconds: int
     processes: int
     idle_seconds: int = 0
+    disk_bytes: int = DEFAULT_DISK_BYTES
 
     def to_doc(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -171,21 +179,25 @@ class Limits:
         # A record admitted before idle suspension existed was never meant to be suspended.
         return cls(int(doc["cpu_seconds"]), int(doc["memory_bytes"]),
                    int(doc["wall_clock_seconds"]), int(doc["processes"]),
-                   int(doc.get("idle_seconds", 0)))
+                   int(doc.get("idle_seconds", 0)),
+                   int(doc.get("disk_bytes", DEFAULT_DISK_BYTES)))
 
     def describe(self) -> str:
         idle = (f"suspended after {self.idle_seconds} s idle" if self.idle_seconds
                 else "never suspended")
         return (f"{self.cpu_seconds} CPU s, {human_bytes(self.memory_bytes)} memory, "
                 f"{self.wall_clock_seconds} s wall clock, {self.processes} processes, "
-                f"{idle}")
+                f"{human_bytes(self.disk_bytes)} disk, {idle}")
 
 
 DEFAULT_LIMITS = Limits(cpu_seconds=600, memory_bytes=2 * 2**30, wall_clock_seconds=900,
-                        processes=256, idle_seconds=600)
+                        processes=256, idle_seconds=600, disk_bytes=DEFAULT_DISK_BYTES)
 MAXIMUM_LIMITS = Limits(cpu_seconds=3600, memory_bytes=8 * 2**30, wall_clock_seconds=3600,
-                        processes=1024, idle_seconds=3600)
-_NAMES = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes", "idle_seconds")
+                        processes=1024, idle_seconds=3600, disk_bytes=16 * 2**30)
+_NAMES = ("cpu_seconds", "memory_bytes", "wall_clock_seconds", "processes", "idle_seconds",
+          "disk_bytes")
+#: The asked-for name of each limit whose recorded name differs (a quantity in bytes).
+_QUANTITIES = {"memory": "memory_bytes", "disk": "disk_bytes"}
 
 
 def limit_rank(name: str, value: int) -> float:
@@ -209,6 +221,10 @@ class SandboxPolicy:
     #: Repositories a request may name (glob patterns over the path or URL as given,
     #: e.g. ``/srv/git/*`` or ``https://github.com/org/*``); None: any.
     repositories: tuple[str, ...] | None = None
+    #: The admin's consent to run a sandbox on a host whose isolation (network namespace,
+    #: mount namespace, a user of its own) the runtime could not verify. Never a task as
+    #: root, whatever this says; recorded on each sandbox at admission.
+    allow_unisolated: bool = False
 
 
 DEFAULT_POLICY = SandboxPolicy()
@@ -220,7 +236,8 @@ class Refusal:
     message: str
 
 
-_POLICY_KEYS = ("defaults", "maximum", "concurrency", "max_queued", "network", "repositories")
+_POLICY_KEYS = ("defaults", "maximum", "concurrency", "max_queued", "network", "repositories",
+                "allow_unisolated")
 
 
 def policy_problems(section: Mapping[str, Any] | None) -> list[Problem]:
@@ -279,6 +296,8 @@ def _check_level(level: Mapping[str, Any], path: str, problems: list[Problem], *
                                   or value < (1 if key == "concurrency" else 0)):
             problems.append(Problem(f"{path}/{key}", "must be a whole number"
                                     + (" of at least 1" if key == "concurrency" else " >= 0")))
+    if "allow_unisolated" in level and not isinstance(level["allow_unisolated"], bool):
+        problems.append(Problem(f"{path}/allow_unisolated", "must be true or false"))
     network = level.get("network")
     if network is not None and (not isinstance(network, list)
                                 or not all(isinstance(n, str) and n for n in network)):
@@ -302,9 +321,9 @@ def _limit_problem(key: str, value: Any) -> str | None:
 
 def _limit_value(key: str, value: Any) -> int:
     """The value of one asked-for limit, in its unit (memory in bytes)."""
-    if key == "memory":
+    if key in _QUANTITIES:
         if isinstance(value, bool):
-            raise ValueError(f"memory must be a quantity like '2Gi', got {value!r}")
+            raise ValueError(f"{key} must be a quantity like '2Gi', got {value!r}")
         number = value if isinstance(value, int) else parse_quantity(value)
     elif isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key} must be a whole number, got {value!r}")
@@ -319,7 +338,7 @@ def _limit_value(key: str, value: Any) -> int:
 def _limits_over(base: Limits, asked: Mapping[str, Any]) -> Limits:
     changes: dict[str, int] = {}
     for key, value in asked.items():
-        name = "memory_bytes" if key == "memory" else key
+        name = _QUANTITIES.get(key, key)
         changes[name] = _limit_value(key, value)
     return dataclasses.replace(base, **changes)
 
@@ -339,6 +358,7 @@ def _merged(section: Mapping[str, Any], team_id: str | None) -> SandboxPolicy:
             network=tuple(level.get("network", policy.network)),
             repositories=(tuple(level["repositories"]) if level.get("repositories") is not None
                           else policy.repositories),
+            allow_unisolated=bool(level.get("allow_unisolated", policy.allow_unisolated)),
         )
     return policy
 
@@ -374,10 +394,10 @@ def resolve_limits(asked: Mapping[str, Any], policy: SandboxPolicy,
         return Refusal(Reason.INVALID_LIMITS, str(exc))
     over: list[str] = []
     for name in _NAMES:
-        label = "memory" if name == "memory_bytes" else name
+        label = next((k for k, v in _QUANTITIES.items() if v == name), name)
         value, maximum = getattr(limits, name), getattr(policy.maximum, name)
         if limit_rank(name, value) > limit_rank(name, maximum) and label in asked:
-            shown = (f"{human_bytes(value)} > {human_bytes(maximum)}" if name == "memory_bytes"
+            shown = (f"{human_bytes(value)} > {human_bytes(maximum)}" if label in _QUANTITIES
                      else f"{value or 'never'} > {maximum}")
             over.append(f"{label} {shown}")
     if over:
@@ -499,6 +519,8 @@ class Sandbox:
     suspensions: int = 0
     checkpoint_uri: str | None = None
     checkpoint_bytes: int = 0
+    #: The team's policy at admission consented to a host whose isolation is unverified.
+    allow_unisolated: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -675,7 +697,8 @@ def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusa
     if len(queue.queued) >= policy.max_queued and not _slot_free(queue, policy):
         message = (f"refused: team {request.team} already has {len(queue.queued)} sandboxes "
                    f"waiting (the policy's max_queued); try again when some have finished")
-        record = _record(request, limits, SandboxState.FAILED, Reason.QUEUE_FULL, message, now)
+        record = _record(request, limits, SandboxState.FAILED, Reason.QUEUE_FULL, message, now,
+                         policy)
         return Decision(False, Reason.QUEUE_FULL, message, (record,),
                         events=(changed(None, record),))
     waiting = TeamQueue(queue.running, (*queue.queued, request.sandbox_id))
@@ -684,13 +707,15 @@ def admit(request: Request, *, team: Team | None, policy: SandboxPolicy | Refusa
         message = (f"running: {len(filled.running)}/{policy.concurrency} of team "
                    f"{request.team}'s sandbox slots in use; limits {limits.describe()}")
         record = dataclasses.replace(
-            _record(request, limits, SandboxState.RUNNING, Reason.ADMITTED, message, now),
+            _record(request, limits, SandboxState.RUNNING, Reason.ADMITTED, message, now,
+                    policy),
             started_at=now)
     else:
         position = filled.position(request.sandbox_id) or 0
         message = queued_message(request.team, position, filled, policy)
         record = dataclasses.replace(
-            _record(request, limits, SandboxState.QUEUED, Reason.QUEUED, message, now),
+            _record(request, limits, SandboxState.QUEUED, Reason.QUEUED, message, now,
+                    policy),
             queue_position=position)
     return Decision(True, Reason(record.reason), message, (record,), filled,
                     positions=_positions(request.team, filled, policy),
@@ -741,13 +766,13 @@ def check_repository(repository: str, policy: SandboxPolicy, team: Team) -> Refu
 
 
 def _record(request: Request, limits: Limits, state: SandboxState, reason: Reason,
-            message: str, now: datetime) -> Sandbox:
+            message: str, now: datetime, policy: SandboxPolicy = DEFAULT_POLICY) -> Sandbox:
     return Sandbox(
         id=request.sandbox_id, team=request.team, requester=request.requester,
         repository=request.repository, command=request.command, base_ref=request.base_ref,
         limits=limits, allowed_network=tuple(request.allowed_network), state=state,
         reason=str(reason), requestid=request.requestid, requested_at=now, message=message,
-        reply_to=request.reply_to,
+        reply_to=request.reply_to, allow_unisolated=policy.allow_unisolated,
         finished_at=now if state in TERMINAL else None)
 
 
@@ -1085,12 +1110,15 @@ class RunSpec:
     requestid: str
     bucket: str
     prefix: str = field(default="")
+    #: The team's policy consents to a host whose isolation is unverified (the runtime
+    #: still never runs a task as root).
+    allow_unisolated: bool = False
 
     @classmethod
     def of(cls, sandbox: Sandbox, bucket: str) -> RunSpec:
         return cls(sandbox.id, sandbox.team, sandbox.repository, sandbox.base_ref,
                    sandbox.command, sandbox.limits, sandbox.allowed_network, sandbox.requestid,
-                   bucket, result_prefix(sandbox.team, sandbox.id))
+                   bucket, result_prefix(sandbox.team, sandbox.id), sandbox.allow_unisolated)
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)

@@ -79,7 +79,7 @@ _SHOWN = ("id", "team", "requester", "state", "reason", "message", "queue_positi
 #: an agent's transcript is read by others).
 _TYPED = frozenset({"repository", "command", "message", "error"})
 _BODY_HELP = ('send JSON {"repository": PATH_OR_GIT_URL, "command": "...", "base_ref"?: REF, '
-              '"limits"?: {"cpu_seconds", "memory", "wall_clock_seconds", "processes"}, '
+              '"limits"?: {"cpu_seconds", "memory", "wall_clock_seconds", "processes", "disk"}, '
               '"allowed_network"?: [HOST, ...], "sandbox_id"?: ID}')
 
 

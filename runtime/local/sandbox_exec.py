@@ -133,13 +133,19 @@ def isolate_network() -> None:
         raise SetupError(f"bringing loopback up in the namespace: {exc}") from exc
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None, what: str) -> None:
     libc = _libc()
     libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                            ctypes.c_char_p)
     encoded = [None if v is None else os.fsencode(v) for v in (source, target, fstype, data)]
     _check(libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), what)
+
+
+def private_mount_namespace() -> None:
+    """A mount namespace of this process's own, every mount in it private (as root)."""
+    _check(_libc().unshare(CLONE_NEWNS), "unshare (new mount namespace)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None, "making every mount private")
 
 
 def _outermost(paths: list[str]) -> list[str]:
@@ -155,11 +161,11 @@ def hide_paths(hide: list[str], keep: list[str]) -> None:
     directory, each ``keep`` directory under one bound back (see the module docstring)."""
     uid, gid = os.getuid(), os.getgid()
     if uid == 0 or _in_own_user_namespace():
-        _check(_libc().unshare(CLONE_NEWNS), "unshare (new mount namespace)")
+        private_mount_namespace()
     else:
         _check(_libc().unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare (new mount namespace)")
         _map_user_namespace(uid, gid)
-    _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "making every mount private")
+        mount(None, "/", None, MS_REC | MS_PRIVATE, None, "making every mount private")
     hidden = _outermost(hide)
     # Opened before the hiding: afterwards the kept directories are out of reach.
     kept: list[tuple[str, int]] = []
@@ -172,17 +178,17 @@ def hide_paths(hide: list[str], keep: list[str]) -> None:
         raise SetupError(f"opening {path} to keep it visible: {exc}") from exc
     try:
         for path in hidden:
-            _mount("tmpfs", path, "tmpfs", _HIDDEN_FLAGS, "size=64k,mode=0711",
+            mount("tmpfs", path, "tmpfs", _HIDDEN_FLAGS, "size=64k,mode=0711",
                    f"hiding {path} (tmpfs)")
         for path, fd in kept:
             try:
                 os.makedirs(path, mode=0o711, exist_ok=True)
             except OSError as exc:
                 raise SetupError(f"making {path} in the hidden tree: {exc}") from exc
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None,
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None,
                    f"binding {path} back")
         for path in hidden:
-            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _HIDDEN_FLAGS, None,
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _HIDDEN_FLAGS, None,
                    f"making the tmpfs over {path} read-only")
     finally:
         for _, fd in kept:

@@ -17,10 +17,22 @@ monitor writes; the task cannot touch any of it:
     suspended.json  the latest idle suspension: its sandbox.suspended payload and whether
                   it is held now (the agent publishes it, and signals a resume)
     checkpoint-N.diff  the diff at the N-th suspension
-    work/ home/ tmp/   the working copy, $HOME and $TMPDIR, owned by the sandbox's user
+    disk/         the sandbox's disk: a tmpfs of ``limits.disk_bytes`` (see below)
+    disk/work/ disk/home/ disk/tmp/   the working copy, $HOME and $TMPDIR, owned by the
+                  sandbox's user
 
 Steps:
 
+0. **Disk quota** (``spec["disk_quota"]``, a root agent whose probe verified mount
+   namespaces): the monitor makes a mount namespace of its own (every mount private) and
+   mounts a tmpfs of ``limits.disk_bytes`` on ``disk/``, so the working copy, home and
+   temporary files together hold at most that much: past it a write fails with ENOSPC,
+   the task's other files and its patch are kept, and the host's disk is not touched
+   (tmpfs pages live in memory and swap: the quota is also memory the host must have).
+   Only the monitor and the processes it starts see that tmpfs; it vanishes with the
+   monitor, whatever way it ends (no mount is ever left on the host). Without it (a
+   non-root agent, or unisolated sandboxes allowed on a host without mount namespaces)
+   ``disk/`` is a plain directory and only RLIMIT_FSIZE bounds each file; the log says so.
 1. **Working copy**: ``git clone --no-hardlinks`` of the repository (a local path or a URL
    the agent can reach), the base ref resolved to a commit and checked out detached, the
    ``origin`` remote removed (a sandbox returns a patch; it never pushes), and everything
@@ -33,7 +45,9 @@ Steps:
    Per-process rlimits back this up between samples.
 3. **Collect** the patch as the sandbox's user (``git`` runs under the same isolation: the
    task may have rewritten the repository's config and hooks, so nothing of the working
-   copy ever runs with the agent's privileges).
+   copy ever runs with the agent's privileges). Its index and the objects ``git add``
+   writes go to a directory of the monitor's outside the quota, so a full disk still
+   gives its patch.
 4. **Upload** patch, log and result to ``gs://BUCKET/PREFIX/`` and delete the working copy.
 
 **Idle**: with ``limits.idle_seconds`` (0: never), a task whose processes use no CPU time,
@@ -70,6 +84,13 @@ from typing import Any
 
 import psutil
 
+from runtime.local.sandbox_exec import (
+    MS_NODEV,
+    MS_NOSUID,
+    SetupError,
+    mount,
+    private_mount_namespace,
+)
 from runtime.supervisor import is_live, write_json
 
 EXEC_PATH = Path(__file__).resolve().with_name("sandbox_exec.py")
@@ -85,6 +106,8 @@ COLLECT_TIMEOUT = 120.0
 #: Largest file the task may write (the log included) and largest patch collected.
 FILE_BYTES = 1 << 30
 PATCH_BYTES = 256 << 20
+#: The disk quota of a spec from a control plane before quotas (the domain's default).
+DISK_BYTES = 2 << 30
 _MEMORY_WORDS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
 #: Variables of the host a sandbox may see; everything else (cloud credentials, tokens,
 #: SSH agents, proxies with passwords in them) stays out.
@@ -195,6 +218,10 @@ def classify(watch: Watch, limits: Mapping[str, int], log_tail: bytes) -> tuple[
                                      "(SIGXCPU)")
     if signum == signal.SIGXFSZ:
         return "killed", f"a file grew beyond the sandbox's limit of {FILE_BYTES} bytes"
+    if b"No space left on device" in log_tail:
+        return "exited", (f"the task exited with status {code}: its disk quota of "
+                          f"{limits.get('disk_bytes', DISK_BYTES)} bytes is full (No space "
+                          "left on device); the patch holds what it wrote")
     if any(word in log_tail for word in _MEMORY_WORDS):
         return "memory_limit_exceeded", (
             f"memory limit of {limits['memory_bytes']} bytes per process: an allocation "
@@ -306,9 +333,10 @@ class Monitor:
         self.dir = directory
         self.spec = spec
         self.limits: dict[str, int] = dict(spec["limits"])
-        self.work = directory / "work"
-        self.home = directory / "home"
-        self.tmp = directory / "tmp"
+        self.disk = directory / "disk"
+        self.work = self.disk / "work"
+        self.home = self.disk / "home"
+        self.tmp = self.disk / "tmp"
         self.log_path = directory / "log.txt"
         self.patch_path = directory / "patch.diff"
         self.cancelled = False
@@ -324,6 +352,8 @@ class Monitor:
 
     def run(self) -> dict[str, Any]:
         began = time.monotonic()
+        # First, while this process has one thread (unshare refuses a threaded one).
+        disk_problem = self._make_disk()
         signal.signal(signal.SIGTERM, self._cancel)
         signal.signal(signal.SIGUSR1, self._resume)
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -339,6 +369,8 @@ class Monitor:
         with open(self.log_path, "ab") as log:
             self._say(log, f"sandbox {self.spec['sandbox_id']}: {self.spec['command']}")
             try:
+                if disk_problem:
+                    raise PrepareError(disk_problem)
                 base_sha = self.prepare(log)
             except PrepareError as exc:
                 self._say(log, f"could not start: {exc}")
@@ -369,7 +401,7 @@ class Monitor:
         result["duration_ms"] = int((time.monotonic() - began) * 1000)
         self.upload(result)
         if not os.environ.get("STASIS_SANDBOX_KEEP"):
-            for path in (self.work, self.home, self.tmp):
+            for path in (self.work, self.home, self.tmp, self.dir / "collect"):
                 shutil.rmtree(path, ignore_errors=True)
         return result
 
@@ -378,6 +410,20 @@ class Monitor:
 
     def _resume(self, _signum: int, _frame: object) -> None:
         self.resume_asked = True
+
+    def _make_disk(self) -> str | None:
+        """Step 0 (see the module docstring); the reason when the quota cannot be made."""
+        self.disk.mkdir(mode=0o711, exist_ok=True)
+        if not self.spec.get("disk_quota"):
+            return None
+        size = int(self.limits.get("disk_bytes") or DISK_BYTES)
+        try:
+            private_mount_namespace()
+            mount("tmpfs", str(self.disk), "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"size={size},mode=0711", f"mounting the {size}-byte disk quota (tmpfs)")
+        except SetupError as exc:
+            return f"the sandbox's disk quota could not be made: {exc}"
+        return None
 
     @staticmethod
     def _say(log: Any, line: str) -> None:
@@ -423,8 +469,11 @@ class Monitor:
             for path in (self.work, self.home, self.tmp):
                 _chown_tree(path, self._uid, int(self.spec["gid"]))
         os.chmod(self.work, 0o700)
+        disk = ("a tmpfs of its own" if self.spec.get("disk_quota") else
+                "NOT LIMITED on this host (only RLIMIT_FSIZE per file)")
+        hidden = ", ".join(self.spec.get("hide") or ()) or "NOTHING (no mount namespace)"
         self._say(log, f"base {ref} = {sha}; limits {self.limits}; network: "
-                       f"{self.spec['network']}"
+                       f"{self.spec['network']}; disk: {disk}; hidden: {hidden}"
                        + (f"; user {self._uid}" if self._uid is not None else ""))
         return sha
 
@@ -580,21 +629,13 @@ class Monitor:
             out["detail"] = "no checkpoint: no repository in the working copy"
             return out
         private = self.dir / "checkpoint"
-        private.mkdir(mode=0o700, exist_ok=True)
-        index = private / "index"
-        with contextlib.suppress(OSError):
-            shutil.copyfile(self.work / ".git" / "index", index)
-        if self._uid is not None:
-            _chown_tree(private, self._uid, int(self.spec["gid"]))
         patch = self.dir / f"checkpoint-{sequence}.diff"
         names = private / "files.txt"
-        env = {**self._env(), "GIT_INDEX_FILE": str(index)}
+        git_env, steps = self._diff_steps(private, base_sha, patch, names)
+        env = {**self._env(), **git_env}
         memory = max(self.limits["memory_bytes"], 512 << 20)
         try:
-            for argv, target in ((["git", "add", "-A"], None),
-                                 (["git", "diff", "--cached", "--binary", base_sha], patch),
-                                 (["git", "diff", "--cached", "--name-only", "-z", base_sha],
-                                  names)):
+            for argv, target in steps:
                 full = exec_argv(self.spec, argv, cwd=str(self.work), cpu_seconds=120,
                                  memory_bytes=memory, file_bytes=PATCH_BYTES,
                                  net="isolated" if self.spec.get("isolation") else "host")
@@ -670,17 +711,35 @@ class Monitor:
 
     # -- 3. the patch ------------------------------------------------------------------------
 
+    def _diff_steps(self, private: Path, base_sha: str, patch: Path, names: Path,
+                    ) -> tuple[dict[str, str], list[tuple[list[str], Path | None]]]:
+        """The environment and git steps that diff the working copy (its commits and every
+        file in it) against the base, each run as the sandbox. The index and the objects
+        ``git add`` writes are ``private``'s, outside the disk quota: a full disk still
+        gives its patch, and the task's own index is left as it was."""
+        shutil.rmtree(private, ignore_errors=True)
+        (private / "objects").mkdir(parents=True, mode=0o700)
+        os.chmod(private, 0o700)
+        if self._uid is not None:
+            _chown_tree(private, self._uid, int(self.spec["gid"]))
+        env = {"GIT_INDEX_FILE": str(private / "index"),
+               "GIT_OBJECT_DIRECTORY": str(private / "objects"),
+               "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(self.work / ".git" / "objects")}
+        return env, [
+            (["git", "read-tree", "HEAD"], None),
+            (["git", "add", "-A"], None),
+            (["git", "diff", "--cached", "--binary", base_sha], patch),
+            (["git", "diff", "--cached", "--name-only", "-z", base_sha], names),
+        ]
+
     def collect(self, base_sha: str) -> list[str]:
-        """``git add -A`` and the binary diff against the base, run as the sandbox."""
+        """The binary diff of the working copy against the base (``_diff_steps``)."""
         if not (self.work / ".git").exists():
             raise PrepareError("the task removed the repository (.git)")
         memory = max(self.limits["memory_bytes"], 512 << 20)
         names_path = self.dir / "files.txt"
-        steps = (
-            (["git", "add", "-A"], None),
-            (["git", "diff", "--cached", "--binary", base_sha], self.patch_path),
-            (["git", "diff", "--cached", "--name-only", "-z", base_sha], names_path),
-        )
+        git_env, steps = self._diff_steps(self.dir / "collect", base_sha, self.patch_path,
+                                          names_path)
         for argv, out_path in steps:
             with open(out_path or os.devnull, "wb") as out, \
                     open(self.dir / "collect.log", "ab") as errors:
@@ -688,21 +747,24 @@ class Monitor:
                 full = exec_argv(self.spec, argv, cwd=str(self.work), cpu_seconds=120,
                                  memory_bytes=memory, file_bytes=PATCH_BYTES,
                                  net="isolated" if self.spec.get("isolation") else "host")
-                watch = self._watched_to(full, out, errors)
+                watch = self._watched_to(full, out, errors, git_env)
             if watch.stopped or watch.exit_status != 0:
                 tail = _tail(self.dir / "collect.log").decode(errors="replace").strip()
                 why = watch.stopped or f"exit status {watch.exit_status}"
                 raise PrepareError(f"{' '.join(argv[:2])} failed ({why}): "
                                    f"{tail.splitlines()[-1] if tail else ''}")
         self.collected = True
+        shutil.rmtree(self.dir / "collect", ignore_errors=True)
         return [n for n in names_path.read_bytes().decode(errors="replace").split("\0") if n]
 
-    def _watched_to(self, argv: list[str], out: Any, errors: Any) -> Watch:
+    def _watched_to(self, argv: list[str], out: Any, errors: Any,
+                    env: Mapping[str, str]) -> Watch:
         watch = Watch()
         began = time.monotonic()
         try:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=errors,
-                                     env=self._env(), close_fds=True, start_new_session=True)
+                                     env={**self._env(), **env}, close_fds=True,
+                                     start_new_session=True)
         except OSError as exc:
             raise PrepareError(f"cannot run {argv[0]}: {exc}") from exc
         self._current = (popen, watch)

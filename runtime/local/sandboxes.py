@@ -20,11 +20,18 @@ its own (``runtime.local.sandbox_task``) that outlives an agent restart. The run
 only validates, decides the isolation, starts monitors and reports what they leave.
 
 Isolation is decided once per agent by a probe (``detect_isolation``), never assumed, and
-fails closed (``Isolation.refusal``): a sandbox whose network namespace or user drop the
-probe did not verify (each probed on its own) is refused with the reason (409: the control
-plane records it FAILED) unless the node's admin set STASIS_SANDBOX_ALLOW_UNISOLATED=1; a
-root agent whose drop failed refuses every sandbox (never a task as root). RLIMIT_NPROC
-applies always.
+fails closed (``Isolation.refusal``): a sandbox whose network namespace, mount namespace or
+user drop the probe did not verify (each probed on its own) is refused with the reason
+(409: the control plane records it FAILED) unless unisolated sandboxes are allowed (the
+team's admin policy in the run spec, or this node's STASIS_SANDBOX_ALLOW_UNISOLATED, which
+wins: ``unisolated_allowed``); a root agent whose drop failed refuses every sandbox (never
+a task as root). RLIMIT_NPROC applies always.
+
+- **mounts**: in a mount namespace of its own the task finds the agent's data dir (state,
+  tokens, homes), every sandbox's directory but its own, the code the agent and kernels
+  import and their venv (``SandboxRunner.hidden``) under an empty read-only tmpfs; with a
+  root agent its working copy, home and tmp share one tmpfs of its disk quota (the
+  monitor's, ``runtime.local.sandbox_task``).
 
 - **network**: when the probe shows that a process in a new network namespace cannot reach
   a server on the host's loopback nor re-enter the host's namespace, a sandbox without
@@ -81,7 +88,7 @@ from events import SandboxFinished, SandboxSuspended, crashpoints, new_event
 from runtime import supervisor
 from runtime.local.node import BadRequest, NotFound, Refused
 from runtime.local.publisher import Publisher
-from runtime.local.sandbox_task import EXEC_PATH, reachable_by_others
+from runtime.local.sandbox_task import DISK_BYTES, EXEC_PATH, reachable_by_others
 from runtime.local.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -96,6 +103,9 @@ ALLOW_UNISOLATED = "STASIS_SANDBOX_ALLOW_UNISOLATED"
 #: More directories a task must not see (``SandboxRunner.hidden``), ``:``-separated.
 HIDE = "STASIS_SANDBOX_HIDE"
 _PROBE_TIMEOUT = 20.0
+_HOW_TO_ALLOW = ("An admin may allow unisolated sandboxes (allow_unisolated: true in the "
+                 "sandboxes section of the admin file, or STASIS_SANDBOX_ALLOW_UNISOLATED=1 "
+                 "on this node)")
 _FINISHED_FIELDS = {f.name for f in dataclasses.fields(SandboxFinished)}
 _SUSPENDED_FIELDS = {f.name for f in dataclasses.fields(SandboxSuspended)}
 _LIVE = ("running", "suspended")
@@ -118,8 +128,9 @@ class Isolation:
     def refusal(self, allowed: list[str], *, agent_uid: int,
                 allow_unisolated: bool) -> str | None:
         """Why this host must not run a sandbox (None: it may). Fails closed: what the probe
-        did not verify is refused unless the node's admin allowed unisolated sandboxes
-        (STASIS_SANDBOX_ALLOW_UNISOLATED=1); a task never runs as root."""
+        did not verify is refused unless unisolated sandboxes are allowed (the admin
+        policy, or this node's override: ``unisolated_allowed``); a task never runs as
+        root."""
         if agent_uid == 0 and not self.separate_users:
             # Without a verified drop the task would be root on this host.
             return ("refused: the sandbox's own user could not be verified on this host "
@@ -130,19 +141,16 @@ class Isolation:
         if not allowed and not self.network:
             return ("refused: network isolation could not be verified on this host "
                     f"({self.detail}); the task would reach this host's loopback services. "
-                    "An admin may allow unisolated sandboxes on this node "
-                    "(STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+                    f"{_HOW_TO_ALLOW}")
         if not self.mounts:
             return ("refused: the mount namespace that hides the node agent's state, the "
                     "workspaces' homes and the kernels' code could not be verified on this "
                     f"host ({self.mounts_detail or 'not probed'}); the task could read them. "
-                    "An admin may allow unisolated sandboxes on this node "
-                    "(STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+                    f"{_HOW_TO_ALLOW}")
         if agent_uid != 0:
             return (f"refused: the node agent runs as uid {agent_uid}, not root, so the task "
                     "would run as the agent's own user (its state, every workspace's home "
-                    "and token readable). An admin may allow unisolated sandboxes on this "
-                    "node (STASIS_SANDBOX_ALLOW_UNISOLATED=1)")
+                    f"and token readable). {_HOW_TO_ALLOW}")
         return None
 
     def statement(self, allowed: list[str]) -> str:
@@ -258,11 +266,34 @@ def parse_run_spec(sandbox_id: str, body: Any) -> dict[str, Any]:
     if isinstance(idle, bool) or not isinstance(idle, int) or idle < 0:
         raise BadRequest("limits.idle_seconds must be a whole number of at least 0")
     spec["limits"]["idle_seconds"] = idle
+    # Optional: a control plane from before disk quotas sends none (the default quota).
+    disk = limits.get("disk_bytes", DISK_BYTES)
+    if isinstance(disk, bool) or not isinstance(disk, int) or disk < 1:
+        raise BadRequest("limits.disk_bytes must be a whole number of at least 1")
+    spec["limits"]["disk_bytes"] = disk
     allowed = body.get("allowed_network") or []
     if not isinstance(allowed, list) or not all(isinstance(a, str) and a for a in allowed):
         raise BadRequest("allowed_network must be a list of destinations")
     spec["allowed_network"] = list(allowed)
+    consent = body.get("allow_unisolated", False)
+    if not isinstance(consent, bool):
+        raise BadRequest("allow_unisolated must be true or false")
+    spec["allow_unisolated"] = consent
     return spec
+
+
+def unisolated_allowed(spec: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
+    """Whether this sandbox may run where isolation is unverified. The team's admin policy
+    (``allow_unisolated`` in the admin file's ``sandboxes`` section, carried in the run
+    spec) decides, unless this node's admin set STASIS_SANDBOX_ALLOW_UNISOLATED: ``1`` allows
+    every sandbox on this node (a single-user host), ``0`` refuses them whatever the policy
+    says. The node's setting wins: it is the one who knows the host."""
+    node = environ.get(ALLOW_UNISOLATED, "").strip().lower()
+    if node in ("1", "true", "yes"):
+        return True
+    if node in ("0", "false", "no"):
+        return False
+    return bool(spec.get("allow_unisolated"))
 
 
 class SandboxRunner:
@@ -310,7 +341,7 @@ class SandboxRunner:
                         "detail": f"already {state}"}
             refused = self.isolation.refusal(
                 list(spec["allowed_network"]), agent_uid=os.geteuid(),
-                allow_unisolated=self.environ.get(ALLOW_UNISOLATED, "") in ("1", "true"))
+                allow_unisolated=unisolated_allowed(spec, self.environ))
             if refused is not None:  # nothing is written: the control plane records FAILED
                 raise Refused(f"sandbox {sandbox_id} {refused}")
             if not self.root.is_dir():  # removed under a running agent (a cleanup)
@@ -337,6 +368,8 @@ class SandboxRunner:
         return {
             "uid": uid, "gid": uid,
             "hide": hide, "keep": [str(self.root / spec["sandbox_id"])],
+            # The monitor mounts it in a mount namespace of its own: root only.
+            "disk_quota": self.isolation.mounts and os.geteuid() == 0,
             "net": "isolated" if self.isolation.network and not allowed else "host",
             "isolation": self.isolation.network,
             "network": self.isolation.statement(allowed),

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from flask import Flask
+from flask import Flask, jsonify
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import firestore, storage
 from werkzeug.serving import make_server
@@ -41,6 +41,7 @@ from functions.handlers import sandboxes as handler
 from functions.handlers.deps import Deps
 from functions.handlers.sandbox_ports import SandboxDeps
 from functions.routes import ROUTES
+from runtime.local.node import AgentError
 from runtime.local.publisher import RecordingPublisher
 from runtime.local.sandboxes import (
     UID_BASE,
@@ -152,6 +153,14 @@ def runner(env: Env, tmp_path: Path) -> Iterator[SandboxRunner]:
         assert left == [], f"sandbox processes left: {[(p.pid, p.cmdline()) for p in left]}"
 
 
+def task_file(runner: SandboxRunner, sandbox_id: str, name: str) -> Path:
+    """A file of a running sandbox's working copy, as its monitor sees it: the working copy
+    lives on the sandbox's disk, a tmpfs only the monitor's mount namespace holds."""
+    pid = runner.status(sandbox_id)["pid"]
+    work = runner.root / sandbox_id / "disk" / "work" / name
+    return Path(f"/proc/{pid}/root{work}") if pid else work
+
+
 def release(runner: SandboxRunner) -> None:
     """A failed test may leave a sandbox suspended, held for ever: cancel it."""
     for status in runner.list():
@@ -164,14 +173,16 @@ _ids = iter(range(10**6))
 
 def run(runner: SandboxRunner, env: Env, repo: Path, command: str, *,
         limits: dict[str, int] | None = None, allowed: list[str] | None = None,
-        sandbox_id: str | None = None, timeout: float = 90) -> Any:
+        sandbox_id: str | None = None, timeout: float = 90,
+        allow_unisolated: bool = False) -> Any:
     """Start one sandbox and wait for its sandbox.finished payload."""
     sandbox_id = sandbox_id or f"sbx-test-{next(_ids)}"
     runner.start(sandbox_id, {
         "sandbox_id": sandbox_id, "team": "ml-a", "repository": str(repo), "base_ref": "main",
         "command": command, "limits": {**LIMITS, **(limits or {})},
         "allowed_network": allowed or [], "requestid": f"req-{sandbox_id}",
-        "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}"})
+        "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}",
+        "allow_unisolated": allow_unisolated})
     publisher: RecordingPublisher = runner.publisher  # type: ignore[assignment]
     return publisher.wait_for("sandbox.finished", timeout=timeout,
                               sandbox_id=sandbox_id).payload
@@ -293,7 +304,7 @@ def test_the_sandbox_environment_holds_no_credentials_of_the_host(
     for name in ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "STORAGE_EMULATOR_HOST",
                  "GOOGLE_CLOUD_PROJECT", "PYTHONPATH", "VIRTUAL_ENV"):
         assert f"\n{name}=" not in seen
-    assert f"HOME={runner.root / result.sandbox_id / 'home'}" in seen
+    assert f"HOME={runner.root / result.sandbox_id / 'disk' / 'home'}" in seen
 
 
 @pytest.fixture
@@ -455,7 +466,8 @@ def test_a_sandbox_whose_mount_namespace_fails_is_refused(
         env: Env, repo: Path, tmp_path: Path) -> None:
     """No CAP_SYS_ADMIN: the mount namespace is probed on its own and fails; a sandbox
     that needs no network namespace (its network allowed by the policy) is still refused,
-    with the reason, unless unisolated sandboxes are allowed."""
+    with the reason, unless the admin policy allows unisolated sandboxes (its run spec
+    says so); a node that says 0 refuses it even then."""
     from runtime.local.node import Refused
 
     isolation = _probe_without("sys_admin", tmp_path)
@@ -470,13 +482,36 @@ def test_a_sandbox_whose_mount_namespace_fails_is_refused(
         assert "unshare (new mount namespace): Operation not permitted" in str(refused.value)
         assert list(root.iterdir()) == []
 
-        allowed = _runner_with(isolation, env, tmp_path, root,
-                               STASIS_SANDBOX_ALLOW_UNISOLATED="1")
-        result = run(allowed, env, repo, "true", allowed=["127.0.0.1"])
+        strict = _runner_with(isolation, env, tmp_path, root,
+                              STASIS_SANDBOX_ALLOW_UNISOLATED="0")
+        with pytest.raises(Refused, match="mount namespace"):
+            run(strict, env, repo, "touch ran.txt", allowed=["127.0.0.1"],
+                allow_unisolated=True)
+        assert list(root.iterdir()) == []
+        result = run(runner, env, repo, "true", allowed=["127.0.0.1"], allow_unisolated=True)
         assert result.succeeded, result.error
-        allowed.wait_idle(30)
+        runner.wait_idle(30)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_task_writing_past_its_disk_quota_gets_enospc_and_its_patch_comes_back(
+        runner: SandboxRunner, env: Env, repo: Path) -> None:
+    """Working copy, home and tmp share one tmpfs of the quota: a write past it fails
+    (ENOSPC) there, not on the host's disk, and what the task wrote still comes back."""
+    if not (runner.isolation.mounts and os.geteuid() == 0):
+        pytest.skip(f"no disk quota here: {runner.isolation.mounts_detail}")
+    command = ("echo small > small.txt; stat -f -c FS''=%T .; df -k . | tail -1; "
+               "dd if=/dev/zero of=big.bin bs=1M count=64 2>&1 || exit 7")
+    result = run(runner, env, repo, command, limits={"disk_bytes": 16 << 20})
+    log = env.read(result.log_uri).decode()
+    assert "No space left on device" in log and "\nFS=tmpfs\n" in log
+    total_kib = int(log.split("FS=tmpfs\n")[1].split()[1])
+    assert total_kib <= 16 << 10  # the task's disk is the quota, not the host's
+    assert not result.succeeded and result.exit_status == 7
+    assert "disk quota of 16777216 bytes is full" in (result.error or "")
+    assert result.patch_uri and set(result.files_changed) == {"small.txt", "big.bin"}
+    assert b"+small" in env.read(result.patch_uri)
 
 
 # -- parallel --------------------------------------------------------------------------------
@@ -514,7 +549,7 @@ def test_a_cancelled_sandbox_is_killed_and_still_returns_its_patch(
         "command": "echo half > half.txt; sleep 300", "limits": LIMITS, "allowed_network": [],
         "requestid": "r", "bucket": env.bucket, "prefix": f"sandboxes/ml-a/{sandbox_id}"})
     deadline = time.monotonic() + 30
-    while not (runner.root / sandbox_id / "work" / "half.txt").exists():
+    while not task_file(runner, sandbox_id, "half.txt").exists():
         assert time.monotonic() < deadline, "the task never started"
         time.sleep(0.1)
     assert runner.status(sandbox_id)["state"] == "running"
@@ -777,6 +812,8 @@ def control_plane(env: Env, tmp_path: Path) -> Iterator[ControlPlane]:
     settings = AgentSettings(data_dir=tmp_path / "data", project=env.project, port=free_port())
     runner = SandboxRunner(settings, publisher, root=root, environ=env.environ)
     app = Flask("agent")
+    # As the agent answers (runtime.local.agent): a refusal is a 409 with its reason.
+    app.register_error_handler(AgentError, lambda exc: (jsonify(error=str(exc)), exc.status))
     register_sandboxes(app, settings, publisher)
     app.config["sandboxes"] = lambda: runner
     server = make_server("127.0.0.1", settings.port, app, threaded=True)
@@ -844,6 +881,24 @@ def test_a_refused_request_is_recorded_with_what_to_do(
     assert (big["state"], big["reason"]) == ("FAILED", "limit_above_maximum")
     assert "memory 64Gi > 8Gi" in big["message"]
     assert control_plane.runner.list() == []  # nothing was started
+
+
+def test_the_admin_files_consent_to_unisolated_sandboxes_reaches_the_node(
+        control_plane: ControlPlane, repo: Path, tmp_path: Path) -> None:
+    """On a host without namespaces (CAP_SYS_ADMIN taken away), a sandbox is FAILED with the
+    node's reason; once the team's policy says ``allow_unisolated: true`` it runs."""
+    control_plane.runner.isolation = _probe_without("sys_admin", tmp_path)
+    catalog = control_plane.db.collection("catalog").document("current")
+    control_plane.request("sbx-closed", "true", repository=str(repo))
+    [closed] = control_plane.wait(["sbx-closed"], timeout=60)
+    assert closed["state"] == "FAILED" and closed["allow_unisolated"] is False
+    assert "could not be verified" in closed["message"]
+    assert "allow_unisolated: true in the sandboxes section" in closed["message"]
+    catalog.update({"sandboxes.teams": {"ml-a": {"allow_unisolated": True}}})
+    control_plane.request("sbx-consent", "true", repository=str(repo))
+    [consent] = control_plane.wait(["sbx-consent"], timeout=60)
+    assert consent["state"] == "SUCCEEDED", consent["message"]
+    assert consent["allow_unisolated"] is True and "NOT ENFORCED" in consent["network"]
 
 
 def test_a_sandbox_the_runtime_refuses_frees_its_slot(

@@ -526,6 +526,86 @@ def test_the_policy_schema_and_the_domain_agree() -> None:
         assert errors("sandbox_policy.schema.json", bad) and policy_problems(bad)
 
 
+def test_the_disk_quota_defaults_from_policy_and_is_refused_above_its_maximum() -> None:
+    assert DEFAULT_LIMITS.disk_bytes == 2 * GiB
+    asked = resolve_limits({"disk": "512Mi"}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(asked, Limits) and asked.disk_bytes == 512 * 2**20
+    over = resolve_limits({"disk": "64Gi"}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(over, Refusal) and over.reason == Reason.LIMIT_ABOVE_MAXIMUM
+    assert "disk 64Gi > 16Gi" in over.message
+    bad = resolve_limits({"disk": "much"}, DEFAULT_POLICY, "ml-a")
+    assert isinstance(bad, Refusal) and bad.reason == Reason.INVALID_LIMITS
+    section = {"defaults": {"disk": "1Gi"}, "maximum": {"disk": "4Gi"}}
+    from events.schemas import errors
+
+    assert errors("sandbox_policy.schema.json", section) == []
+    assert [e for e in errors("config.schema.json", {"sandboxes": section})
+            if e[0].startswith("/sandboxes")] == []
+    policy = resolve_policy(section, "ml-a")
+    assert isinstance(policy, SandboxPolicy) and policy.defaults.disk_bytes == GiB
+    assert "/sandboxes/defaults/disk" in [p.path for p in
+                                           policy_problems({"defaults": {"disk": "lots"}})]
+    # A record admitted before quotas: the default quota, not none.
+    doc = {k: v for k, v in DEFAULT_LIMITS.to_doc().items() if k != "disk_bytes"}
+    assert Limits.from_doc(doc).disk_bytes == 2 * GiB
+
+
+def test_the_run_spec_carries_the_disk_quota() -> None:
+    spec = dataclasses.replace(SPEC, limits=dataclasses.replace(DEFAULT_LIMITS,
+                                                                disk_bytes=GiB)).to_json()
+    spec["prefix"] = "p"
+    assert parse_run_spec(SPEC.sandbox_id, spec)["limits"]["disk_bytes"] == GiB
+    older = {**spec, "limits": {k: v for k, v in spec["limits"].items() if k != "disk_bytes"}}
+    assert parse_run_spec(SPEC.sandbox_id, older)["limits"]["disk_bytes"] == 2 * GiB
+    with pytest.raises(BadRequest, match=r"limits\.disk_bytes"):
+        parse_run_spec(SPEC.sandbox_id, {**spec, "limits": {**spec["limits"], "disk_bytes": 0}})
+
+
+def test_the_admin_policy_may_allow_unisolated_sandboxes_per_team(catalog: Catalog) -> None:
+    section = {"teams": {"ml-a": {"allow_unisolated": True}}}
+    a, b = resolve_policy(section, "ml-a"), resolve_policy(section, "ml-b")
+    assert isinstance(a, SandboxPolicy) and isinstance(b, SandboxPolicy)
+    assert (a.allow_unisolated, b.allow_unisolated, DEFAULT_POLICY.allow_unisolated) == \
+        (True, False, False)
+    from events.schemas import errors
+
+    assert errors("sandbox_policy.schema.json", section) == []
+    assert [e for e in errors("config.schema.json", {"sandboxes": section})
+            if e[0].startswith("/sandboxes")] == []
+    bad = {"allow_unisolated": "yes"}
+    assert "/sandboxes/allow_unisolated" in [p.path for p in policy_problems(bad)]
+    assert errors("sandbox_policy.schema.json", bad)
+    # Recorded at admission, carried to the runtime in the run spec.
+    decision = admit(request("sbx-1"), team=catalog.teams["ml-a"], policy=a,
+                     queue=TeamQueue(), existing=None, now=NOW)
+    [record] = decision.sandboxes
+    assert record.allow_unisolated is True
+    assert Sandbox.from_doc(record.to_doc()).allow_unisolated is True
+    spec = RunSpec.of(record, "bucket").to_json()
+    assert spec["allow_unisolated"] is True
+    spec["prefix"] = "p"
+    assert parse_run_spec("sbx-1", spec)["allow_unisolated"] is True
+    older = {k: v for k, v in spec.items() if k != "allow_unisolated"}
+    assert parse_run_spec("sbx-1", older)["allow_unisolated"] is False
+    with pytest.raises(BadRequest, match="allow_unisolated must be true or false"):
+        parse_run_spec("sbx-1", {**spec, "allow_unisolated": "yes"})
+
+
+@pytest.mark.parametrize("policy, node, allowed", [
+    (False, None, False),
+    (True, None, True),  # the admin policy decides
+    (False, "1", True),  # the node's override wins: a single-user host
+    (True, "0", False),  # ... both ways
+    (True, "", True),
+])
+def test_the_node_may_override_the_unisolated_policy(policy: bool, node: str | None,
+                                                     allowed: bool) -> None:
+    from runtime.local.sandboxes import unisolated_allowed
+
+    environ = {} if node is None else {"STASIS_SANDBOX_ALLOW_UNISOLATED": node}
+    assert unisolated_allowed({"allow_unisolated": policy}, environ) is allowed
+
+
 # -- the handler, against small fakes ------------------------------------------------------
 
 
