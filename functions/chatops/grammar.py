@@ -146,6 +146,8 @@ VERBS: dict[Verb, VerbSpec] = {spec.verb: spec for spec in (
               Flag("wall-clock", "wall clock limit, e.g. 30m (default: the team's policy)",
                    "DURATION"),
               Flag("processes", "processes at once (default: the team's policy)", "N"),
+              Flag("disk", "disk quota of the working copy, home and tmp, e.g. 4Gi "
+                           "(default: the team's policy)", "SIZE"),
               Flag("allow", "a network destination the task may reach (repeat for more; "
                             "none by default)", "HOST"),
               _TEAM),
@@ -331,7 +333,7 @@ _SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2
 SANDBOX_ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 _REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/@{}^~-]{0,199}")
 _HOST = re.compile(r"[A-Za-z0-9*][A-Za-z0-9.:/*-]{0,252}")
-_LIMIT_FLAGS = {"cpu-seconds": "cpu_seconds", "memory": "memory",
+_LIMIT_FLAGS = {"cpu-seconds": "cpu_seconds", "memory": "memory", "disk": "disk",
                 "wall-clock": "wall_clock_seconds", "processes": "processes"}
 TASK_MAX = 10_000
 
@@ -480,7 +482,7 @@ def _sandbox_listing(spec: VerbSpec, action: SandboxAction, tokens: list[str],
 def _limit(flag: str, value: str) -> int | str | ParseError:
     """The value of a limit flag as sandbox.requested takes it, or why it is not one."""
     try:
-        if flag == "memory":
+        if flag in ("memory", "disk"):
             if parse_quantity(value) < 1:
                 raise ValueError("at least one byte")
             return value
@@ -491,7 +493,8 @@ def _limit(flag: str, value: str) -> int | str | ParseError:
         else:
             raise ValueError("a whole number")
     except ValueError:
-        shown = {"memory": "a size like 2Gi or 512Mi", "wall-clock": "a duration like 30m, "
+        shown = {"memory": "a size like 2Gi or 512Mi", "disk": "a size like 4Gi",
+                 "wall-clock": "a duration like 30m, "
                  "1h or 90s"}.get(flag, "a whole number")
         return ParseError(f"`--{flag} {show(value)}`: {flag} takes {shown}.")
     if number < 1:

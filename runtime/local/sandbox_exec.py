@@ -159,6 +159,10 @@ def _outermost(paths: list[str]) -> list[str]:
 def hide_paths(hide: list[str], keep: list[str]) -> None:
     """A mount namespace of its own with an empty read-only tmpfs over every ``hide``
     directory, each ``keep`` directory under one bound back (see the module docstring)."""
+    hidden = _outermost(hide)
+    if os.sep in hidden:
+        # A data dir or code tree at the root would hide the whole system: a mistake.
+        raise SetupError("refusing to hide / (a directory to hide resolves to the root)")
     uid, gid = os.getuid(), os.getgid()
     if uid == 0 or _in_own_user_namespace():
         private_mount_namespace()
@@ -166,7 +170,6 @@ def hide_paths(hide: list[str], keep: list[str]) -> None:
         _check(_libc().unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare (new mount namespace)")
         _map_user_namespace(uid, gid)
         mount(None, "/", None, MS_REC | MS_PRIVATE, None, "making every mount private")
-    hidden = _outermost(hide)
     # Opened before the hiding: afterwards the kept directories are out of reach.
     kept: list[tuple[str, int]] = []
     try:

@@ -485,6 +485,31 @@ def test_sandboxes_fail_closed(isolation: Isolation, allowed: list[str], uid: in
     assert refused is None or (why is not None and refused in why)
 
 
+def test_exec_argv_hides_and_keeps_what_the_spec_says() -> None:
+    spec = {"net": "isolated", "limits": {"processes": 64}, "uid": None,
+            "hide": ["/srv/stasis", "/opt/venv"], "keep": ["/srv/stasis/sandboxes/s"]}
+    argv = exec_argv(spec, ["true"], cwd="/w", cpu_seconds=1, memory_bytes=1, file_bytes=1)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--hide"] == spec["hide"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--keep"] == spec["keep"]
+    assert argv.index("--keep") < argv.index("--")
+
+
+def test_the_trampoline_hides_only_outermost_directories_and_never_the_root(
+        tmp_path: Path) -> None:
+    from runtime.local import sandbox_exec
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    outer = sandbox_exec._outermost([str(tmp_path / "a" / "b"), str(tmp_path / "a"),
+                                     str(tmp_path / "c"), str(tmp_path / "missing")])
+    assert outer == [str(tmp_path / "a"), str(tmp_path / "c")]
+    # Checked before any namespace is made: this very process is left as it was.
+    before = os.readlink("/proc/self/ns/mnt")
+    with pytest.raises(sandbox_exec.SetupError, match="refusing to hide /"):
+        sandbox_exec.hide_paths([str(tmp_path / "c"), "/"], [])
+    assert os.readlink("/proc/self/ns/mnt") == before
+
+
 def test_every_task_gets_rlimit_nproc() -> None:
     spec = {"net": "isolated", "limits": {"processes": 64}, "uid": None}
     argv = exec_argv(spec, ["true"], cwd="/w", cpu_seconds=1, memory_bytes=1, file_bytes=1)
