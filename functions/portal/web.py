@@ -328,7 +328,8 @@ def _workspace_page(ctx: _Ctx, ws_id: str, *, status: int = 200, refusal: str = 
         snapshots=[views.snapshot_row(s, ctx.now) for s in snapshots],
         links=[views.link_row(r, ctx.now) for r in (links.get("links") or [])][::-1],
         profiles=views.resume_profiles(ctx.catalog, ws), created_link=created_link,
-        request_id=_new_request_id(), followed=row["followed"])
+        request_id=_new_request_id(), followed=row["followed"],
+        home_only=frontdoor.pauses_home_only(ctx.catalog, ws))
 
 
 def _progress(ctx: _Ctx, ws_id: str) -> Response:

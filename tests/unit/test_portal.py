@@ -300,6 +300,25 @@ def test_a_member_may_look_but_only_owner_or_admin_act(catalog: Catalog) -> None
         in refused.get_data(as_text=True)
 
 
+def test_a_pause_that_keeps_only_the_home_says_so() -> None:
+    raw = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    for environment in raw["environments"]:
+        environment["memory_snapshots"] = False  # data that must never be copied
+    catalog = Catalog.from_config(raw)
+    portal = Portal(catalog)
+    ws = portal.put(_ws(owner="alice", environment="python-3-11"))
+    portal.sign_in("alice")
+    done = portal.client.post(f"/workspaces/{ws.id}/pause",
+                              data={"csrf": portal.csrf(f"/workspaces/{ws.id}")})
+    assert done.status_code in (302, 303) and "done=pause-home" in done.headers["Location"]
+    [event] = portal.bus.events
+    assert event.name == "workspace.pause_requested"
+    page = portal.client.get(done.headers["Location"]).get_data(as_text=True)
+    assert frontdoor.PAUSE_HOME_ONLY in page
+    assert "its kernels' state goes to a snapshot" not in page  # no promise of its kernels
+    assert "the first pause takes one" not in page and "memory snapshots are off" in page
+
+
 def test_the_page_shows_cost_idle_snapshot_and_open(catalog: Catalog) -> None:
     portal = Portal(catalog, STASIS_IDE_PROXY_URL="http://ide.test")
     ws = portal.put(_ws(owner="alice", current_snapshot="snap-1",
