@@ -16,6 +16,9 @@ import hmac
 
 TOKEN_VAR = "STASIS_WORKSPACE_TOKEN"
 URL_VAR = "STASIS_WORKSPACE_URL"
+#: On Kubernetes: the path of the pod's projected service-account token (its workspace's
+#: own KSA, audience ``stasis-workspace``), which the kubelet rotates: read it per call.
+TOKEN_FILE_VAR = "STASIS_WORKSPACE_TOKEN_FILE"
 KEY_VAR = "STASIS_WORKSPACE_KEY"
 
 

@@ -80,6 +80,7 @@ from functions.kubernetes.objects.workspace import (
     workspace_names,
     workspace_pod,
     workspace_service,
+    workspace_service_account,
 )
 from functions.ports import RuntimeRefused, RuntimeStatus, RuntimeUnavailable, WorkspaceSpec
 
@@ -224,6 +225,10 @@ class KubernetesRuntime:
                              trigger["metadata"]["name"])
         for record in self._owned("ConfigMap", names):
             self.kube.delete("ConfigMap", names.namespace, record["metadata"]["name"])
+        # Its identity (by label: the name hashes the incarnation, which destroy is not
+        # told); a token of it is refused from now on, even before it expires.
+        for account in self._owned("ServiceAccount", names):
+            self.kube.delete("ServiceAccount", names.namespace, account["metadata"]["name"])
         if not keep_home:
             self.kube.delete("PersistentVolumeClaim", names.namespace, names.pvc)
 
@@ -283,7 +288,8 @@ class KubernetesRuntime:
             return shape_of(workspace_id=spec.workspace_id, team=spec.team, owner=spec.owner,
                             ide=spec.ide, environment=spec.environment, profile=spec.profile,
                             settings=self.settings, ide_kind=ide_kind, ide_image=ide_image,
-                            disk=disk, priority_class=spec.extra.get("priority_class"))
+                            disk=disk, priority_class=spec.extra.get("priority_class"),
+                            incarnation=spec.extra.get("incarnation"))
         except ValueError as exc:
             raise RuntimeRefused(str(exc)) from exc
 
@@ -306,6 +312,9 @@ class KubernetesRuntime:
             self.kube.apply(obj)
 
     def _ensure_workspace_objects(self, shape: WorkspaceShape) -> None:
+        # Its own identity, before the pod that runs as it (the pod is refused without it).
+        self.kube.apply(workspace_service_account(shape, self.settings,
+                                                  gcp_service_account=self._workspace_gsa))
         self.kube.apply(home_pvc(shape, self.settings))
         # The token is made once: a 409 keeps the existing one, so a resume keeps the URL.
         self.kube.apply(token_secret(shape, self._token(), self.settings,

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from functions.kubernetes.objects.podsnapshot import (
 )
 from functions.kubernetes.objects.snapshot import snapshot_object_name
 from functions.kubernetes.objects.team import QUOTA_NAME, team_namespace_name
-from functions.kubernetes.objects.workspace import workspace_names
+from functions.kubernetes.objects.workspace import service_account_name, workspace_names
 from functions.kubernetes.workspaces import KubernetesRuntime
 from functions.ports import RuntimeRefused, RuntimeUnavailable, WorkspaceSpec
 from runtime.kubernetes.cluster import KubeCluster
@@ -161,6 +162,11 @@ def pod_of(cluster: EmulatedCluster, spec: WorkspaceSpec) -> dict[str, Any] | No
     return read(core(cluster).read_namespaced_pod, names.pod, names.namespace)
 
 
+def runs_as(cluster: EmulatedCluster, spec: WorkspaceSpec) -> str | None:
+    pod = pod_of(cluster, spec)
+    return None if pod is None else pod["spec"].get("serviceAccountName")
+
+
 def kubelet_ready(cluster: EmulatedCluster, spec: WorkspaceSpec, *,
                   restored_from: str | None = None) -> None:
     """Play the kubelet (and GKE's restore): the pod runs and is Ready."""
@@ -218,6 +224,7 @@ def workspace_objects(cluster: EmulatedCluster, spec: WorkspaceSpec) -> dict[str
     listings = {
         "Pod": api.list_namespaced_pod, "Service": api.list_namespaced_service,
         "Secret": api.list_namespaced_secret, "ConfigMap": api.list_namespaced_config_map,
+        "ServiceAccount": api.list_namespaced_service_account,
         "PersistentVolumeClaim": api.list_namespaced_persistent_volume_claim,
         "NetworkPolicy": client.NetworkingV1Api(cluster.api_client)
         .list_namespaced_network_policy,
@@ -314,7 +321,8 @@ def test_pod_snapshot_pause_and_resume(cluster: EmulatedCluster, runtime: Kubern
 
     # delete: every object of the workspace goes, the PodSnapshot included.
     assert set(workspace_objects(cluster, spec)) >= {
-        "Pod", "Service", "Secret", "ConfigMap", "PersistentVolumeClaim", "NetworkPolicy",
+        "Pod", "Service", "Secret", "ServiceAccount", "ConfigMap", "PersistentVolumeClaim",
+        "NetworkPolicy",
         "podsnapshotmanualtriggers", "podsnapshots"}
     runtime.destroy(spec.workspace_id, keep_home=False)
     assert workspace_objects(cluster, spec) == {}
@@ -469,6 +477,35 @@ def test_snapshot_needs_a_running_pod(runtime: KubernetesRuntime) -> None:
 
 
 # -- API semantics -------------------------------------------------------------------------
+
+
+def test_each_workspace_gets_its_own_service_account_until_destroyed(
+        cluster: EmulatedCluster, clock: Clock) -> None:
+    runtime = KubernetesRuntime(cluster.api_client, catalog=lambda: CATALOG, clock=clock,
+                                token_factory=lambda: "t0k3n", workspace_gsa="ws@p.iam")
+    first = replace(spec_for("ident", "cpu-small"), extra={"incarnation": "inc-1"})
+    other = replace(spec_for("other", "cpu-small"), extra={"incarnation": "inc-1"})
+    runtime.provision(first)
+    runtime.provision(other)
+    ns = workspace_names("ml-a", first.workspace_id).namespace
+    account = service_account_name(first.workspace_id, "inc-1")
+    made = read(core(cluster).read_namespaced_service_account, account, ns)
+    assert made is not None and made["automountServiceAccountToken"] is False
+    assert made["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == "ws@p.iam"
+    assert runs_as(cluster, first) == account
+    assert runs_as(cluster, other) == service_account_name(other.workspace_id, "inc-1")
+
+    runtime.destroy(first.workspace_id, keep_home=True)
+    assert read(core(cluster).read_namespaced_service_account, account, ns) is None
+    assert read(core(cluster).read_namespaced_service_account,
+                service_account_name(other.workspace_id, "inc-1"), ns) is not None
+    # a later workspace of the same id: another incarnation, another KSA
+    again = replace(first, extra={"incarnation": "inc-2"})
+    runtime.provision(again)
+    assert runs_as(cluster, again) == service_account_name(first.workspace_id, "inc-2")
+    assert runs_as(cluster, again) != account
+    runtime.destroy(first.workspace_id, keep_home=False)
+    runtime.destroy(other.workspace_id, keep_home=False)
 
 
 def test_provision_is_idempotent_and_keeps_the_token(cluster: EmulatedCluster,

@@ -55,6 +55,7 @@ from functions.kubernetes.objects.workspace import (
     workspace_names,
     workspace_pod,
     workspace_service,
+    workspace_service_account,
     workspace_url,
 )
 from functions.ports import JobRun
@@ -98,7 +99,8 @@ def _shape(profile: str, ide: str, settings: ClusterSettings,
                     ide=ide, environment=admission.environment_of(CATALOG, "python-3-11"),
                     profile=admission.profile_of(CATALOG, profile), settings=settings,
                     ide_kind=str(entry.kind), ide_image=entry.image,
-                    disk={"size": disk.size, "storage_class": disk.storage_class})
+                    disk={"size": disk.size, "storage_class": disk.storage_class},
+                    incarnation="inc-1")
 
 
 def _team_objects() -> Iterator[tuple[str, Any]]:
@@ -140,6 +142,9 @@ def _workspace_objects() -> Iterator[tuple[str, Any]]:
                 yield f"{at} names", dataclasses.asdict(
                     workspace_names(s.team, s.workspace_id, settings))
                 yield f"{at} pvc", home_pvc(s, settings)
+                yield f"{at} service account", workspace_service_account(s, settings)
+                yield f"{at} service account gsa", workspace_service_account(
+                    s, settings, gcp_service_account="ws@p.iam.gserviceaccount.com")
                 yield f"{at} secret", token_secret(s, "t0k3n", settings)
                 yield f"{at} pod", workspace_pod(s, settings, requestid="r1",
                                                  requested_at_ms=1)

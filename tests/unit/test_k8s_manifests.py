@@ -63,17 +63,20 @@ from functions.kubernetes.objects.team import (
 )
 from functions.kubernetes.objects.workspace import (
     HOME,
+    IDENTITY_DIR,
     RUNTIME_DIR,
     Restore,
     WorkspaceShape,
     encrypted_storage_class,
     home_pvc,
     network_policy,
+    service_account_name,
     shape_of,
     token_secret,
     workspace_names,
     workspace_pod,
     workspace_service,
+    workspace_service_account,
 )
 
 K8S_VERSION = "1.35"  # GKE's regular channel as of this writing; shipped by kubernetes-validate
@@ -146,6 +149,8 @@ def every_object() -> Iterator[tuple[str, dict[str, Any]]]:
                 s = shape(profile, ide=ide, settings=settings)
                 label = f"{profile}/{ide}/{s.method}"
                 yield f"{label} pvc", home_pvc(s, settings)
+                yield f"{label} service account", workspace_service_account(
+                    s, settings, gcp_service_account="ws@p.iam.gserviceaccount.com")
                 yield f"{label} secret", token_secret(s, "t0k3n", settings)
                 yield f"{label} pod", workspace_pod(s, settings, requestid="r1",
                                                     requested_at_ms=1)
@@ -239,6 +244,36 @@ def test_gpu_pod_on_gke_with_pod_snapshots() -> None:
     env = {e["name"]: e for e in workspace["env"]}
     assert env["JUPYTER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
     assert env["PYTHONUSERBASE"]["value"].startswith(HOME)
+
+
+def test_each_workspace_runs_as_its_own_service_account_with_a_projected_identity() -> None:
+    s = replace(shape("cpu-small"), incarnation="inc-1")
+    settings = replace(DEFAULTS, workspace_api_url="https://fn.example/workspace_api")
+    account = workspace_service_account(s, settings, gcp_service_account="ws@p.iam")
+    spec = workspace_pod(s, settings, requestid="r", requested_at_ms=1)["spec"]
+    name = account["metadata"]["name"]
+    assert spec["serviceAccountName"] == name == service_account_name("ml-a--nb", "inc-1")
+    assert account["metadata"]["namespace"] == "stasis-ml-a"
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+    # the team's Google identity, for the sidecar's snapshot uploads
+    assert account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == "ws@p.iam"
+    # another incarnation of the same id, or another workspace: another KSA
+    assert service_account_name("ml-a--nb", "inc-2") != name
+    assert service_account_name("ml-a--nb2", "inc-1") != name
+    volume = next(v for v in spec["volumes"] if v["name"] == "workspace-identity")
+    assert volume["projected"]["sources"] == [{"serviceAccountToken": {
+        "audience": "stasis-workspace", "expirationSeconds": 3600, "path": "token"}}]
+    ide, agent = spec["containers"]
+    assert {"name": "workspace-identity", "mountPath": IDENTITY_DIR,
+            "readOnly": True} in ide["volumeMounts"]
+    assert all(m["name"] != "workspace-identity" for m in agent.get("volumeMounts", []))
+    env = {e["name"]: e.get("value") for e in ide["env"]}
+    assert env["STASIS_WORKSPACE_TOKEN_FILE"] == f"{IDENTITY_DIR}/token"
+    assert env["STASIS_WORKSPACE_URL"] == "https://fn.example/workspace_api"
+    assert "STASIS_WORKSPACE_URL" not in {
+        e["name"] for e in workspace_pod(s, requestid="r", requested_at_ms=1)[
+            "spec"]["containers"][0]["env"]}
 
 
 def test_tpu_on_demand_with_a_reservation() -> None:

@@ -21,11 +21,13 @@ module              what
 ``settings``        how Stasis uses a cluster (``STASIS_K8S_*``)
 ``reports``         the source and deterministic ids of events about cluster objects
 ------------------- ---------------------------------------------------------------------
-``team``            per team: Namespace, ServiceAccount (Workload Identity), ResourceQuota
+``team``            per team: Namespace, ServiceAccount (jobs; Workload Identity),
+                    ResourceQuota
 ``rbac``            the control plane's rights: ClusterRoles, per-team RoleBinding
 ``podsnapshot``     GKE Pod Snapshots: per-team storage config and policy, their progress
-``workspace``       per workspace: home PVC, token Secret, Pod, Service, NetworkPolicy,
-                    and the CMEK StorageClass homes default to
+``workspace``       per workspace: its own ServiceAccount (its identity), home PVC, token
+                    Secret, Pod, Service, NetworkPolicy, and the CMEK StorageClass homes
+                    default to
 ``snapshot``        per snapshot: trigger (method ``pod``), request (``kernel``), record,
                     whether it restores onto a target
 ``monitor``         the cluster monitor's namespace, identity, rights and Deployment

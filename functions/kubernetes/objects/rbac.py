@@ -52,7 +52,8 @@ def workspace_manager_rules() -> list[dict[str, Any]]:
         rule("", ["services", "secrets", "persistentvolumeclaims"],
              ["get", "list", "create", "delete"]),
         rule("", ["configmaps"], ["get", "list", "create", "delete"]),
-        rule("", ["serviceaccounts"], ["get", "create", "patch"]),
+        # the team's KSA (patched) and one per workspace (created and deleted with it)
+        rule("", ["serviceaccounts"], ["get", "list", "create", "patch", "delete"]),
         rule("", ["resourcequotas"], ["get", "create", "patch"]),
         rule("networking.k8s.io", ["networkpolicies"], ["get", "list", "create", "delete"]),
         rule(PODSNAPSHOT_GROUP, ["podsnapshotpolicies"], ["get", "create", "patch"]),

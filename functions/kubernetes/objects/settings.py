@@ -61,6 +61,13 @@ class ClusterSettings:
     #: With Kueue: how long a pod Kueue preempts stays up (its containers' preStop hold it)
     #: for the control plane to pause it with its state before it is gone.
     preemption_grace_seconds: int = 120
+    #: The audience of the token projected into every IDE container (its workspace
+    #: identity, checked by ``workspace_api``): a token for this audience is good for
+    #: nothing else, not even the API server.
+    workspace_audience: str = "stasis-workspace"
+    #: The ``workspace_api`` function's URL, the kernels' ``STASIS_WORKSPACE_URL`` ("":
+    #: not deployed, so the variable is not set).
+    workspace_api_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ClusterSettings:
@@ -82,6 +89,9 @@ class ClusterSettings:
             kueue_provisioning=_flag(env.get("STASIS_K8S_KUEUE_PROVISIONING", "0")),
             preemption_grace_seconds=int(env.get("STASIS_K8S_PREEMPTION_GRACE_SECONDS")
                                          or defaults.preemption_grace_seconds),
+            workspace_audience=env.get("STASIS_K8S_WORKSPACE_AUDIENCE")
+            or defaults.workspace_audience,
+            workspace_api_url=env.get("STASIS_K8S_WORKSPACE_API_URL", ""),
             # what a notebook needs to submit scale-out jobs (stasis.jobs)
             workspace_env={k: v for k, v in {
                 "STASIS_PROJECT": env.get("STASIS_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT")

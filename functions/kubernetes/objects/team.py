@@ -42,7 +42,8 @@ def team_namespace(team: str, settings: ClusterSettings = ClusterSettings()) -> 
 
 def team_service_account(team: str, settings: ClusterSettings = ClusterSettings(), *,
                          gcp_service_account: str | None = None) -> dict[str, Any]:
-    """The identity of the team's workspaces. With Workload Identity it maps to a Google
+    """The team's shared identity, which job pods run as (each workspace pod runs as its
+    own, ``workspace.workspace_service_account``). With Workload Identity it maps to a Google
     service account that may write the team's snapshot prefix (the kernel agent uploads
     from inside the kernel; Pod Snapshots use the pod's KSA, ``tokenSource: podKSA``). No
     token is mounted: GKE's metadata server serves Workload Identity without one."""

@@ -1,5 +1,7 @@
-"""A workspace's objects: its home, its IDE token, its pod (IDE + snapshot agent), the
-Service and NetworkPolicy in front of it, all named from the workspace id.
+"""A workspace's objects: its own service account (its identity: the pod runs as it, the
+IDE container holds a projected token of it for ``workspace_api``), its home, its IDE
+token, its pod (IDE + snapshot agent), the Service and NetworkPolicy in front of it, all
+named from the workspace id (the service account from its incarnation too).
 
 The Kubernetes runtime (``functions.kubernetes.workspaces``) only *applies* what this
 module builds, the way kubespawner's ``make_pod``/``make_pvc`` feed its spawner. The pod's
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from events.identity import TOKEN_FILE_VAR, URL_VAR
 from events.payloads import ide_path
 from events.payloads import ide_server_path as server_path
 from functions.domain.catalog import parse_quantity
@@ -53,6 +56,7 @@ from functions.kubernetes.objects.meta import (
     ANN_VERSION,
     ANN_WORKSPACE_ID,
     COMPONENT,
+    GKE_SERVICE_ACCOUNT,
     LABEL_METHOD,
     LABEL_WORKSPACE,
     MANAGED_BY,
@@ -66,7 +70,7 @@ from functions.kubernetes.objects.names import name, slug
 from functions.kubernetes.objects.podsnapshot import PS_NAME_ANNOTATION
 from functions.kubernetes.objects.security import restricted_container, restricted_pod
 from functions.kubernetes.objects.settings import ClusterSettings
-from functions.kubernetes.objects.team import WORKSPACE_SA, team_namespace_name
+from functions.kubernetes.objects.team import team_namespace_name
 
 WORKSPACE_CONTAINER = "workspace"
 AGENT_CONTAINER = "snapshot-agent"
@@ -76,6 +80,20 @@ TOKEN_KEY = "token"
 #: The snapshot sidecar's credential, in the same Secret; only the sidecar's container
 #: references it, so the IDE's kernels (same pod, same network) cannot call the sidecar.
 AGENT_TOKEN_KEY = "agent-token"
+#: Where the IDE container finds its workspace identity: a projected token of the
+#: workspace's own KSA, which the kubelet refreshes before it expires.
+IDENTITY_DIR = "/var/run/secrets/stasis/workspace"
+IDENTITY_TOKEN_SECONDS = 3600
+
+
+def service_account_name(workspace_id: str, incarnation: str | None) -> str:
+    """The workspace's own Kubernetes service account in its team's namespace.
+
+    The incarnation is part of what the name hashes: a later workspace of the same id gets
+    another KSA, so a token of the earlier one names a KSA that no document claims.
+    ``workspace_api`` derives the same name from the workspace's document to check a token's
+    ``kubernetes.io`` claims."""
+    return name("ksa-", f"{workspace_id}\n{incarnation or ''}")
 
 
 def sidecar_token(key: str, workspace_id: str) -> str:
@@ -131,6 +149,8 @@ class WorkspaceShape:
     storage_class: str
     #: Its priority class (Kueue's WorkloadPriorityClass of the same name), if any.
     priority_class: str | None = None
+    #: ``Workspace.incarnation``: part of its KSA's name (:func:`service_account_name`).
+    incarnation: str | None = None
 
     @property
     def accelerated(self) -> bool:
@@ -142,7 +162,8 @@ def shape_of(*, workspace_id: str, team: str, owner: str, ide: str,
              settings: ClusterSettings = ClusterSettings(),
              ide_kind: str | None = None, ide_image: str | None = None,
              disk: Mapping[str, Any] | None = None,
-             priority_class: str | None = None) -> WorkspaceShape:
+             priority_class: str | None = None,
+             incarnation: str | None = None) -> WorkspaceShape:
     """The shape of a workspace from a WorkspaceSpec's fields.
 
     The IDE's own image wins (VS Code ships as code-server); otherwise JupyterLab comes
@@ -165,7 +186,7 @@ def shape_of(*, workspace_id: str, team: str, owner: str, ide: str,
         profile=str(profile.get("id") or ""), ide=ide, ide_kind=kind, image=str(image),
         hardware=Hardware.from_profile(profile), method=method, home_size=size,
         storage_class=str(disk.get("storage_class") or settings.storage_class),
-        priority_class=priority_class,
+        priority_class=priority_class, incarnation=incarnation,
     )
 
 
@@ -182,6 +203,27 @@ def workspace_annotations(shape: WorkspaceShape) -> dict[str, str]:
         annotations[ANN_ACCELERATOR] = shape.hardware.accelerator
         annotations[ANN_ACCELERATOR_COUNT] = str(shape.hardware.accelerator_count)
     return annotations
+
+
+def workspace_service_account(shape: WorkspaceShape,
+                              settings: ClusterSettings = ClusterSettings(), *,
+                              gcp_service_account: str | None = None) -> dict[str, Any]:
+    """The workspace's own identity: its pod runs as it, and its IDE container holds a
+    projected token of it (:func:`pod_spec`), which ``workspace_api`` accepts as this
+    workspace and no other. No token is mounted by default.
+
+    With Workload Identity (``gcp_service_account``) it maps to the team's Google service
+    account, as the team's KSA did: the snapshot sidecar in the same pod writes the team's
+    snapshot prefix with it (Pod Snapshots use the pod's KSA, ``tokenSource: podKSA``)."""
+    names = workspace_names(shape.team, shape.workspace_id, settings)
+    annotations = workspace_annotations(shape)
+    if gcp_service_account:
+        annotations[GKE_SERVICE_ACCOUNT] = gcp_service_account
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": meta(service_account_name(shape.workspace_id, shape.incarnation),
+                             names.namespace, labels=workspace_labels(shape),
+                             annotations=annotations),
+            "automountServiceAccountToken": False}
 
 
 def home_pvc(shape: WorkspaceShape,
@@ -273,6 +315,13 @@ def pod_spec(shape: WorkspaceShape,
     volumes: list[dict[str, Any]] = [
         {"name": "home", "persistentVolumeClaim": {"claimName": names.pvc}}]
     mounts: list[dict[str, Any]] = [{"name": "home", "mountPath": HOME}]
+    # The workspace identity, for the IDE container only (the sidecar does not mount it).
+    volumes.append({"name": "workspace-identity", "projected": {"sources": [
+        {"serviceAccountToken": {"audience": settings.workspace_audience,
+                                 "expirationSeconds": IDENTITY_TOKEN_SECONDS,
+                                 "path": "token"}}]}})
+    mounts.append({"name": "workspace-identity", "mountPath": IDENTITY_DIR,
+                   "readOnly": True})
     if kernel:
         # The agent reads the kernels' connection files, and the kernels import the
         # in-kernel half of the agent from the sidecar's copy of Stasis.
@@ -283,7 +332,7 @@ def pod_spec(shape: WorkspaceShape,
                    {"name": "stasis-lib", "mountPath": settings.agent_source_root,
                     "readOnly": True}]
     spec: dict[str, Any] = {
-        "serviceAccountName": WORKSPACE_SA,
+        "serviceAccountName": service_account_name(shape.workspace_id, shape.incarnation),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "restartPolicy": "Always",
@@ -346,6 +395,10 @@ def _workspace_container(shape: WorkspaceShape, settings: ClusterSettings,
            {"name": "STASIS_WORKSPACE_ID", "value": shape.workspace_id},
            # stasis.jobs in a kernel: a job here is a JobSet the control plane starts
            {"name": "STASIS_RUNTIME", "value": "kubernetes"},
+           # its identity towards the control plane (workspace_api), re-read per call
+           {"name": TOKEN_FILE_VAR, "value": f"{IDENTITY_DIR}/token"},
+           *([{"name": URL_VAR, "value": settings.workspace_api_url}]
+             if settings.workspace_api_url else []),
            *({"name": k, "value": v} for k, v in sorted(settings.workspace_env.items()))]
     # Served for the IDE proxy's /w/<id>/: JupyterLab under it, code-server at its root
     # (it works relatively behind a prefix; only its /absproxy needs to know it).
