@@ -101,7 +101,21 @@ def deps() -> Deps:
         jobs=_job_store(db),
         job_runtime=_job_runtime(),
         ide_proxy_url=os.environ.get("STASIS_IDE_PROXY_URL") or None,
+        workspace_tokens=_workspace_tokens(),
     )
+
+
+def _workspace_tokens() -> Any:
+    """The cluster's token verifier where workspaces run on Kubernetes
+    (``STASIS_WORKSPACE_ISSUER``: the cluster's OIDC issuer)."""
+    issuer = os.environ.get("STASIS_WORKSPACE_ISSUER")
+    if not issuer:
+        return None
+    from functions.adapters.kubernetes_tokens import KubernetesTokens
+
+    return KubernetesTokens(issuer, os.environ.get("STASIS_K8S_WORKSPACE_AUDIENCE")
+                            or "stasis-workspace",
+                            jwks_url=os.environ.get("STASIS_WORKSPACE_JWKS_URL") or None)
 
 
 def _fleet(db: Any) -> Any:

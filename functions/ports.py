@@ -27,6 +27,15 @@ class RuntimeRefused(RuntimeError):
     """The runtime will never do this (e.g. hardware it lacks): a permanent failure."""
 
 
+class InvalidWorkspaceToken(Exception):
+    """A workspace's Kubernetes token failed verification (signature, issuer, audience,
+    expiry), with the reason; ``temporary``: the cluster's keys could not be read."""
+
+    def __init__(self, reason: str, *, temporary: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.temporary = reason, temporary
+
+
 @dataclass(frozen=True)
 class WorkspaceSpec:
     """Everything a runtime needs to run one workspace."""

@@ -14,7 +14,9 @@ A workspace the node agent gave an identity (``STASIS_WORKSPACE_TOKEN`` and
 ``STASIS_WORKSPACE_URL``, ``events.identity``) reaches the control plane only through the
 ``workspace_api`` function instead (:func:`from_identity`, the standard library's HTTP
 client): it publishes the job's events and reads ``jobs/{id}`` there, as its workspace,
-whose team and owner the function takes from the workspace's document.
+whose team and owner the function takes from the workspace's document. On Kubernetes the
+credential is the pod's projected service-account token (``STASIS_WORKSPACE_TOKEN_FILE``),
+re-read for every call because the kubelet rotates it, sent with ``X-Stasis-Workspace``.
 """
 
 from __future__ import annotations
@@ -88,15 +90,25 @@ def from_identity(env: Mapping[str, str]) -> EventControlPlane:
     import urllib.error
     import urllib.request
 
-    from events.identity import TOKEN_VAR, URL_VAR
+    from events.identity import TOKEN_FILE_VAR, TOKEN_VAR, URL_VAR
 
-    base, token = env[URL_VAR].rstrip("/"), env[TOKEN_VAR]
+    base = env[URL_VAR].rstrip("/")
+    token_file = env.get(TOKEN_FILE_VAR)
+    workspace_id = env.get("STASIS_WORKSPACE_ID") or None
+
+    def credential() -> dict[str, str]:
+        if not token_file:
+            return {"Authorization": f"Bearer {env[TOKEN_VAR]}"}
+        with open(token_file, encoding="utf-8") as projected:  # rotated: read every call
+            token = projected.read().strip()
+        return {"Authorization": f"Bearer {token}",
+                "X-Stasis-Workspace": workspace_id or ""}
 
     def call(method: str, path: str, body: Any = None) -> Any:
         request = urllib.request.Request(
             f"{base}{path}", method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            headers={**credential(), "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:
                 return json.loads(answer.read() or b"null")
@@ -111,7 +123,6 @@ def from_identity(env: Mapping[str, str]) -> EventControlPlane:
         return call("POST", "/events", {"type": event.name, "requestid": event.requestid,
                                         "payload": dataclasses.asdict(event.payload)})
 
-    workspace_id = env.get("STASIS_WORKSPACE_ID") or None
     team = (workspace_id or "").split(WORKSPACE_SEPARATOR)[0]
     return EventControlPlane(publish, lambda job_id: call("GET", f"/jobs/{job_id}"),
                              team=team, owner="(the workspace's)", workspace_id=workspace_id,
@@ -122,7 +133,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> EventControlPlane:
     """The workspace's identity where it has one (:func:`from_identity`), else Pub/Sub +
     Firestore of ``STASIS_PROJECT`` (the emulators when their hosts are set)."""
     env = env if env is not None else os.environ
-    if env.get("STASIS_WORKSPACE_TOKEN") and env.get("STASIS_WORKSPACE_URL"):
+    if has_identity(env):
         return from_identity(env)
     from google.cloud import firestore
 
@@ -168,11 +179,18 @@ def _log_uploader(env: Mapping[str, str], team: str) -> Callable[[str, str], str
     return upload_log
 
 
+def has_identity(env: Mapping[str, str]) -> bool:
+    """Whether this kernel has a workspace identity (a token, or on Kubernetes its file)
+    and the ``workspace_api`` URL to use it at."""
+    return bool((env.get("STASIS_WORKSPACE_TOKEN") or env.get("STASIS_WORKSPACE_TOKEN_FILE"))
+                and env.get("STASIS_WORKSPACE_URL"))
+
+
 def available(env: Mapping[str, str] | None = None) -> bool:
     """Whether this kernel runs in a workspace of a control plane (``from_environment``
     has what it needs)."""
     env = env if env is not None else os.environ
-    if env.get("STASIS_WORKSPACE_TOKEN") and env.get("STASIS_WORKSPACE_URL"):
+    if has_identity(env):
         return True
     return bool(env.get("STASIS_PROJECT") and
                 (env.get("STASIS_WORKSPACE_ID") or env.get("STASIS_TEAM")))

@@ -111,3 +111,6 @@ class Deps:
     #: The IDE access proxy's public URL (``STASIS_IDE_PROXY_URL``): a running workspace's
     #: ``url`` is ``<it>/w/<id>/``. None: the runtime's own URL.
     ide_proxy_url: str | None = None
+    #: Verifies a workspace pod's Kubernetes token for ``workspace_api``
+    #: (``functions.adapters.kubernetes_tokens.KubernetesTokens``; None: not on GKE).
+    workspace_tokens: Any = None

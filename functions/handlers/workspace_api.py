@@ -13,8 +13,14 @@ from the request.
   for a job this workspace submitted. 202 ``{"id"}``.
 - ``GET /jobs/<id>``: the job's document, for a job of this workspace's team (404 else).
 
-401 without a valid token; 400 for a malformed body. No SDK: the store, the jobs' reads
-and the bus are the control plane's ports.
+On Kubernetes the kernel sends its pod's projected service-account token instead (audience
+``stasis-workspace``) and ``X-Stasis-Workspace: <id>``: ``deps.workspace_tokens`` verifies
+it against the cluster's keys, and ``functions.domain.workspace_identity`` checks that its
+``kubernetes.io`` claims name the namespace and the KSA that workspace's document says its
+pod runs as (``objects.workspace.service_account_name``: id and incarnation).
+
+401 without a valid token (the reason named); 400 for a malformed body. No SDK: the
+store, the jobs' reads, the token verifier and the bus are the control plane's ports.
 """
 
 from __future__ import annotations
@@ -31,9 +37,17 @@ from events import InvalidEvent, new_event
 from events.identity import KEY_VAR, claimed_workspace, verify
 from events.payloads import JobFinished, JobSubmitted
 from functions.domain.lifecycle import State, Workspace
+from functions.domain.workspace_identity import kubernetes_refusal
 from functions.handlers.deps import Deps
+from functions.kubernetes.objects.settings import ClusterSettings
+from functions.kubernetes.objects.team import team_namespace_name
+from functions.kubernetes.objects.workspace import service_account_name
+from functions.ports import InvalidWorkspaceToken
 
 SOURCE = "//stasis/workspace"
+#: On Kubernetes the token (a JWT) does not name the workspace: this header does, and the
+#: token must be of that workspace's own service account.
+WORKSPACE_HEADER = "X-Stasis-Workspace"
 _GONE = (State.DELETING, State.DELETED)
 
 
@@ -64,11 +78,31 @@ def serve(request: Any, deps: Deps) -> Response:
 def _caller(request: Any, deps: Deps, key: str) -> Workspace:
     header = str(request.headers.get("Authorization") or "")
     token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+    named = str(request.headers.get(WORKSPACE_HEADER) or "")
+    if token and named and deps.workspace_tokens is not None:
+        return _kubernetes_caller(deps, token, named)
     claimed = claimed_workspace(token) if token and key else None
     ws = deps.store.get_workspace(claimed) if claimed else None
     if ws is None or ws.state in _GONE or not verify(key, token, ws.id, ws.incarnation):
         raise _Answer(401, {"refusal": "Not a workspace of this control plane (send "
                                        "Authorization: Bearer $STASIS_WORKSPACE_TOKEN)."})
+    return ws
+
+
+def _kubernetes_caller(deps: Deps, token: str, workspace_id: str) -> Workspace:
+    """The workspace whose pod holds ``token`` (its projected KSA token, GKE)."""
+    try:
+        claims = deps.workspace_tokens.verify(token)
+    except InvalidWorkspaceToken as exc:
+        raise _Answer(503 if exc.temporary else 401,
+                      {"refusal": f"Not a workspace token: {exc.reason}."}) from exc
+    ws = deps.store.get_workspace(workspace_id)
+    refusal = kubernetes_refusal(
+        claims, ws, namespace=team_namespace_name(ws.team, ClusterSettings.from_env(
+            os.environ)) if ws else "",
+        service_account=service_account_name(ws.id, ws.incarnation) if ws else "")
+    if refusal is not None or ws is None:
+        raise _Answer(401, {"refusal": f"Not workspace {workspace_id}: {refusal}."})
     return ws
 
 
