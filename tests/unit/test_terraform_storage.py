@@ -81,3 +81,22 @@ def test_each_teams_prefix_is_a_folder_of_its_own() -> None:
     prefixes = {t: info["snapshot_prefix"] for t, info in teams.items()}
     assert prefixes == {"ml-a": "snapshots/ml-a/", "ml-ab": "snapshots/ml-ab/"}
     assert not prefixes["ml-ab"].startswith(prefixes["ml-a"])
+
+
+def test_the_team_principal_is_every_ksa_of_the_teams_namespace() -> None:
+    """Each workspace pod runs as its own KSA (issue 17 §3); its sidecar still writes the
+    team's snapshots, so the grant names the namespace's principalSet, not one KSA."""
+    with IAM.open() as f:
+        parsed = hcl2.load(f)
+    principal = next(_text(b["team_principal"]) for b in parsed.get("locals", [])
+                     if "team_principal" in b)
+    assert "principalSet://iam.googleapis.com/projects/" in principal
+    assert "/namespace/${t.namespace}" in principal and "/sa/" not in principal
+
+
+def test_workspace_api_is_configured_for_the_clusters_tokens() -> None:
+    main = (IAM.parent / "main.tf").read_text()
+    assert ('STASIS_WORKSPACE_ISSUER       = '
+            '"https://container.googleapis.com/v1/${module.gke.cluster_id}"') in main
+    assert 'STASIS_K8S_WORKSPACE_AUDIENCE = "stasis-workspace"' in main
+    assert 'var.http_functions["workspace_api"].deploy_name' in main

@@ -52,9 +52,11 @@ resource "google_service_account_iam_member" "monitor_workload_identity" {
 }
 
 # --- workspaces: each team's pods read and write their own team's snapshots only ---------------
-# Pod Snapshots (tokenSource podKSA) and the kernel agent both act as the team's Kubernetes
-# service account; Workload Identity Federation lets IAM name it directly (no Google service
-# account). Its object role is granted on a managed folder, the team's snapshot prefix, not on
+# Pod Snapshots (tokenSource podKSA) and the kernel agent both act as the pod's Kubernetes
+# service account: one per workspace (its identity at workspace_api), plus the team's for job
+# pods, all in the team's namespace, where only the control plane creates service accounts.
+# Workload Identity Federation lets IAM name every KSA of that namespace directly (a
+# principalSet, no Google service account). Its object role is granted on a managed folder, the team's snapshot prefix, not on
 # the bucket: storage.objects.list is checked against the bucket, so a bucket-level grant (even
 # one conditioned on resource.name) lets it list every object name in the bucket, other teams'
 # workspace, snapshot and sandbox ids included. On a managed folder the same role lists only
@@ -63,7 +65,7 @@ resource "google_service_account_iam_member" "monitor_workload_identity" {
 locals {
   team_principal = {
     for team, t in var.kubernetes.teams : team =>
-    "principal://iam.googleapis.com/projects/${module.project.project_number}/locations/global/workloadIdentityPools/${module.gke.workload_pool}/subject/ns/${t.namespace}/sa/${var.kubernetes.workspace_service_account}"
+    "principalSet://iam.googleapis.com/projects/${module.project.project_number}/locations/global/workloadIdentityPools/${module.gke.workload_pool}/namespace/${t.namespace}"
   }
 }
 

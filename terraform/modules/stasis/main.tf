@@ -289,6 +289,13 @@ module "functions" {
     STASIS_K8S_KUEUE              = var.kueue ? "1" : "0"
     STASIS_K8S_KUEUE_PROVISIONING = var.kueue && var.kueue_provisioning ? "1" : "0"
     STASIS_K8S_FUNCTION_CIDRS     = var.network.subnet_cidr
+    # The workspace identity on GKE: the kernels reach workspace_api with their own KSA's
+    # projected token (audience stasis-workspace), which it verifies against the cluster's
+    # OIDC issuer and its JWKS (<issuer>/jwks). The URL is Cloud Run's deterministic one
+    # (the module's output would be a cycle).
+    STASIS_WORKSPACE_ISSUER       = "https://container.googleapis.com/v1/${module.gke.cluster_id}"
+    STASIS_K8S_WORKSPACE_AUDIENCE = "stasis-workspace"
+    STASIS_K8S_WORKSPACE_API_URL  = "https://${var.http_functions["workspace_api"].deploy_name}-${module.project.project_number}.${var.region}.run.app"
   }, var.extra_environment)
   function_environment = {
     for n, audience in module.iap.audiences : n => { STASIS_IAP_AUDIENCE = audience }
