@@ -25,6 +25,8 @@ POINTS = {
                                  "snapshot.finished not yet published",
     "restore.server_started": "node agent: a restore's server is up, the kernels not yet "
                               "restored",
+    "server.spawned": "node agent: a server's process is started, not yet recorded in the "
+                      "state file",
     "agent.operation_ended": "node agent: an operation's end is saved with its report "
                              "(workspace.ready, snapshot.finished, ...), not yet published",
     "sandbox.result_uploaded": "node agent: a sandbox's result is stored, its "

@@ -20,6 +20,8 @@ its partial objects are deleted; an interrupted resume is stopped and reported i
 (its workspace stays PAUSED), as is a provision whose server died; an interrupted provision
 whose server is alive is waited for and reported ready. Each report is saved with the
 operation's end, so an agent killed again before sending it sends it at its next start.
+A start's marker (``STASIS_SERVER_INSTANCE``) is saved with its operation before the
+server exists, so a server the agent spawned but died before recording is stopped too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -358,10 +361,11 @@ class NodeAgent:
                     self._spawn(workspace_id, self._publish_ready, record, spec["requestid"])
                     return self._accepted(record, "already running")
                 record.server = None
-            operation = Operation("provision", spec["requestid"], time.time())
+            operation = Operation("provision", spec["requestid"], time.time(),
+                                  marker=uuid.uuid4().hex)
             with self._lock:
                 devices = self._devices(workspace_id, spec)
-                launch = self._launch(spec, devices)
+                launch = self._launch(spec, devices, operation)
                 if record is None:
                     record = WorkspaceRecord(workspace_id, home=str(launch.home))
                     self._records[workspace_id] = record
@@ -417,6 +421,9 @@ class NodeAgent:
         if server is not None and operation.kind == "restore":
             with contextlib.suppress(ServerError):
                 servers.stop(server, grace=self.settings.stop_grace)
+        if operation.marker:  # a server it spawned, then died before recording it
+            with contextlib.suppress(ServerError):
+                servers.stop_marked(operation.marker, grace=self.settings.stop_grace)
         kind = "resume" if operation.kind == "restore" else operation.kind
         failed = WorkspaceRuntimeFailed(
             record.workspace_id, kind, f"node agent restarted during the {kind}",
@@ -577,10 +584,11 @@ class NodeAgent:
                 snapshot_id=snapshot_id,
                 bucket=bucket,
                 prefix=prefix,
+                marker=uuid.uuid4().hex,
             )
             with self._lock:
                 devices = self._devices(workspace_id, spec)
-                launch = self._launch(spec, devices)
+                launch = self._launch(spec, devices, operation)
                 if record is None:
                     record = WorkspaceRecord(workspace_id, home=str(launch.home))
                     self._records[workspace_id] = record
@@ -744,7 +752,8 @@ class NodeAgent:
             raise Refused(f"workspace {workspace_id}: {found}")
         return found
 
-    def _launch(self, spec: Mapping[str, Any], devices: Mapping[str, list[int]]) -> ServerLaunch:
+    def _launch(self, spec: Mapping[str, Any], devices: Mapping[str, list[int]],
+                operation: Operation) -> ServerLaunch:
         workspace_id = spec["workspace_id"]
         try:
             python = servers.resolve_python(spec["environment"])
@@ -767,6 +776,7 @@ class NodeAgent:
             ide=spec["ide"],
             extra_env=extra_env,
             uid=uid,
+            marker=operation.marker or "",
             **({"base_env": self._base_env} if self._base_env is not None else {}),
         )
 
@@ -815,6 +825,7 @@ class NodeAgent:
                 if record.operation is not operation:
                     raise _Cancelled()
             server = self._adopt_or_spawn(record, launch)
+            crashpoints.reach("server.spawned")
             with self._lock:
                 if record.operation is not operation:
                     withdrawn = True

@@ -190,6 +190,9 @@ class ServerLaunch:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     #: The workspace's own OS user (``runtime.local.tenancy``); None: the agent's.
     uid: int | None = None
+    #: This start's ``STASIS_SERVER_INSTANCE`` when the agent chose it first (to save it
+    #: with the operation before the process exists); "" for a fresh one.
+    marker: str = ""
 
 
 def resolve_python(environment: Mapping[str, Any]) -> str:
@@ -380,7 +383,7 @@ def _prepare(launch: ServerLaunch) -> tuple[ServerLaunch, str, str, int]:
     except userenv.UserEnvError as exc:
         raise ServerStartError(f"the workspace's venv: {exc}") from exc
     launch = replace(launch, python=str(own.python), extra_env={**own.env, **launch.extra_env})
-    return launch, os.urandom(32).hex(), uuid.uuid4().hex, supervisor.free_port()
+    return launch, os.urandom(32).hex(), launch.marker or uuid.uuid4().hex, supervisor.free_port()
 
 
 def _record(launch: ServerLaunch, popen: subprocess.Popen[bytes], create_time: float,
@@ -452,17 +455,30 @@ def stop(server: ServerProcess, *, grace: float) -> None:
         )
 
 
+def stop_marked(marker: str, *, grace: float) -> None:
+    """Stop every process of the start whose marker is ``marker`` (its server, kernels and
+    their children), known to the agent or not. Raises ServerStopError if any survived."""
+    left = supervisor.terminate(lambda: _marked(marker, []), grace=grace)
+    if left:
+        raise ServerStopError(f"processes of start {marker} survived SIGKILL: "
+                              f"{sorted(p.pid for p in left)}")
+
+
 def _tree(server: ServerProcess) -> list[psutil.Process]:
     """Live processes that belong to this start of the server: its group and descendants,
     and every process whose environment carries this start's marker (kernels, which
     jupyter_client starts in sessions of their own, and their children)."""
-    found = supervisor.process_tree(server.pid, server.create_time)
+    return _marked(server.marker, supervisor.process_tree(server.pid, server.create_time))
+
+
+def _marked(marker: str, found: list[psutil.Process]) -> list[psutil.Process]:
+    """``found`` and every other live process whose environment carries ``marker``."""
     known = {p.pid for p in found} | {os.getpid()}
     for proc in psutil.process_iter():
         if proc.pid in known:
             continue
         with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if proc.environ().get(MARKER_VAR) == server.marker:
+            if proc.environ().get(MARKER_VAR) == marker:
                 found.append(proc)
     return supervisor.merge(found)
 

@@ -41,6 +41,10 @@ class Operation:
     snapshot_id: str | None = None
     bucket: str | None = None
     prefix: str | None = None
+    #: The ``STASIS_SERVER_INSTANCE`` of the server a provision or restore starts, saved
+    #: before the process exists: a restarted agent finds by it a server it spawned but
+    #: was killed before recording (``servers.stop_marked``).
+    marker: str | None = None
     #: Bytes transferred so far and in all, and when the first one moved (Unix seconds),
     #: for the portal and `stasis ws pause|resume --wait` (not persisted).
     done_bytes: int = 0
@@ -66,6 +70,7 @@ class Operation:
             "snapshot_id": self.snapshot_id,
             "bucket": self.bucket,
             "prefix": self.prefix,
+            "marker": self.marker,
         }
 
     @classmethod
@@ -77,6 +82,7 @@ class Operation:
             snapshot_id=data.get("snapshot_id"),
             bucket=data.get("bucket"),
             prefix=data.get("prefix"),
+            marker=data.get("marker"),
         )
 
 

@@ -792,6 +792,42 @@ def test_a_report_the_agent_died_before_sending_is_sent_by_its_next_start(
         stop_agents(data_dir, first, second)
 
 
+def test_a_server_the_agent_died_before_recording_is_stopped_by_its_next_start(
+        tmp_path: Path, emulated: Emulated) -> None:
+    """Found after the long chaos run: a JupyterLab outlived `stasis down`. The agent was
+    killed between spawning a restore's server and recording it in its state file; the
+    restarted agent knew no server, started another, and the first ran on, unowned, for
+    good. The start's marker is now saved with the operation before the process exists,
+    and the next start stops whatever carries it."""
+    data_dir = tmp_path / "stasis"
+    port = free_port()
+    runtime = LocalRuntime(f"http://{HOST}:{port}", token=control_token(data_dir))
+    crash_dir = tmp_path / "crash"
+    crashpoints.arm(crash_dir, "server.spawned")
+    emulated.env[crashpoints.ENV] = str(crash_dir)
+    first = start_agent_process(data_dir, port, emulated, tmp_path / "agent-1.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        runtime.provision(spec_for(emulated, "req-orphan"))
+        assert first.wait(120) == -signal.SIGKILL  # died with the server spawned
+        assert crashpoints.fired(crash_dir) == ["server.spawned"]
+        state = json.loads((data_dir / "agent" / "state.json").read_text())
+        assert state["workspaces"][WS]["server"] is None  # never recorded
+        marker = state["workspaces"][WS]["operation"]["marker"]
+        orphans = [p for p in workspace_processes(data_dir)
+                   if p.environ().get("STASIS_SERVER_INSTANCE") == marker]
+        assert orphans, "the spawned server should have outlived the agent"
+
+        second = start_agent_process(data_dir, port, emulated, tmp_path / "agent-2.log")
+        failed = emulated.events.wait_for("workspace.runtime_failed")
+        assert (failed.requestid, failed.payload.operation, failed.payload.cause) == (
+            "req-orphan", "provision", "interrupted")
+        wait_no_processes(data_dir)  # the orphan stopped (a zombie at most), nothing left
+    finally:
+        emulated.env.pop(crashpoints.ENV, None)
+        stop_agents(data_dir, first, second)
+
+
 def test_a_resume_the_agent_restart_cut_short_leaves_the_workspace_paused(
         tmp_path: Path, emulated: Emulated) -> None:
     """Found by the chaos harness: the agent died in a restore (its server up, the kernels
