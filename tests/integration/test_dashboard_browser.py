@@ -14,6 +14,7 @@ package; Playwright never downloads a browser here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -21,13 +22,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from chromium_support import CHROMIUM, launched
+from json_server import serving_json
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -481,24 +482,12 @@ def iap(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         return private, public
 
     private, public = pem_pair()
-    body = json.dumps({"iap-key-1": public.decode()}).encode()
-
-    class Keys(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Keys)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    keys = contextlib.ExitStack()
+    keys_url = keys.enter_context(serving_json(json.dumps({"iap-key-1": public.decode()})
+                                               .encode()))
     audience = "/projects/123456/global/backendServices/7890"
     monkeypatch.setenv("STASIS_IAP_AUDIENCE", audience)
-    monkeypatch.setenv("STASIS_IAP_CERTS_URL", f"http://127.0.0.1:{server.server_port}/keys")
+    monkeypatch.setenv("STASIS_IAP_CERTS_URL", f"{keys_url}/keys")
     monkeypatch.setenv("STASIS_DASHBOARD_EMAIL_DOMAIN", "example.com")
     monkeypatch.setenv("STASIS_PLATFORM_ADMINS", "ops@corp.example")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
@@ -513,11 +502,8 @@ def iap(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
                   "sub": f"accounts.google.com:{email}", "iat": now, "exp": now + 600}
         return jwt.encode(signer, claims).decode()
 
-    try:
+    with keys:
         yield assertion, pem_pair()[0]
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 def test_behind_iap_only_verified_admins_get_in(browser: Any, base_url: str, fleet: Fleet,

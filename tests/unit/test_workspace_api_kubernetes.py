@@ -10,7 +10,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import jwt
 import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
+from json_server import serving_json
 from store_fakes import handler_deps, published
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
@@ -46,23 +46,8 @@ STRANGER = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 def jwks_url() -> Iterator[str]:
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(KEY.public_key()))
     body = json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig", "alg": "RS256"}]}).encode()
-
-    class Keys(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Keys)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/jwks"
-    server.shutdown()
-    server.server_close()
+    with serving_json(body) as url:
+        yield f"{url}/jwks"
 
 
 @pytest.fixture
