@@ -13,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pubsub_support
 import pytest
 import requests
 import yaml
-from google.cloud import firestore, pubsub_v1
+from google.cloud import firestore
 
 from events import WorkspaceRequested, WorkspaceStateChanged, from_pubsub, new_event
 from functions.adapters.chat_store import ChatStore
@@ -58,30 +59,6 @@ def chat(emulator_env: dict[str, str], sink: str) -> ChatDeps:
                     catalog=lambda: CATALOG, clock=lambda: datetime.now(UTC))
 
 
-def _pull_subscription(project: str, topic: str) -> str:
-    subscriber = pubsub_v1.SubscriberClient()
-    name = subscriber.subscription_path(project, f"test-{topic}")
-    subscriber.create_subscription(request={"name": name,
-                                            "topic": f"projects/{project}/topics/{topic}"})
-    return name
-
-
-def _pull(subscription: str, want: int) -> list[Any]:
-    subscriber = pubsub_v1.SubscriberClient()
-    got: list[Any] = []
-    deadline = time.monotonic() + 20
-    while len(got) < want and time.monotonic() < deadline:
-        response = subscriber.pull(request={"subscription": subscription, "max_messages": 10,
-                                            "return_immediately": True}, timeout=10)
-        got.extend(m.message for m in response.received_messages)
-        if response.received_messages:
-            subscriber.acknowledge(request={"subscription": subscription, "ack_ids": [
-                m.ack_id for m in response.received_messages]})
-        else:
-            time.sleep(0.1)
-    return got
-
-
 def _signed(text: str, sink: str, trigger: str) -> tuple[str, dict[str, str]]:
     body = urllib.parse.urlencode({
         "command": "/ws", "text": text, "user_id": "U0ALICE", "team_id": "T0",
@@ -93,7 +70,7 @@ def _signed(text: str, sink: str, trigger: str) -> tuple[str, dict[str, str]]:
 def test_a_signed_create_leaves_a_record_and_one_event_even_when_slack_retries(
         chat: ChatDeps, emulator_env: dict[str, str], sink: str) -> None:
     project = emulator_env["STASIS_PROJECT"]
-    subscription = _pull_subscription(project, "stasis-workspace-requested")
+    subscription = pubsub_support.subscribe(project, "stasis-workspace-requested")
     app = ChatFunction(SlackSettings(SECRET, TOKEN, f"{sink}/api/", team_id="T0"),
                        lambda req: answer(req, chat))
     body, headers = _signed("create mynb --profile cpu-small", sink, "1.2.trig")
@@ -102,7 +79,8 @@ def test_a_signed_create_leaves_a_record_and_one_event_even_when_slack_retries(
     assert first.status == retried.status == 200
     assert json.loads(first.body)["text"] == json.loads(retried.body)["text"]
     requestid = signing.request_id("1.2.trig", body)
-    events = [from_pubsub(m.data, dict(m.attributes)) for m in _pull(subscription, want=2)]
+    events = [from_pubsub(m.data, dict(m.attributes))
+              for m in pubsub_support.pull(subscription, want=2)]
     assert len(events) == 2
     assert {(e.id, e.requestid) for e in events} == {(requestid, requestid)}  # one request
     assert isinstance(events[0].payload, WorkspaceRequested)
