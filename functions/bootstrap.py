@@ -32,7 +32,7 @@ from functions.delivery import deliver as _deliver
 from functions.delivery import deliver_raw as _deliver_raw
 from functions.handlers.deps import Deps
 from functions.origin import current, enter
-from functions.routes import HTTP_FUNCTIONS, PUBLISHERS, ROUTES, Raw
+from functions.routes import HTTP_FUNCTIONS, PUBLISHERS, ROUTES, Raw, Route
 
 if TYPE_CHECKING:  # the front doors' modules are imported on their first request
     from functions.chatops.web import ChatFront
@@ -102,6 +102,8 @@ def deps() -> Deps:
         job_runtime=_job_runtime(),
         ide_proxy_url=os.environ.get("STASIS_IDE_PROXY_URL") or None,
         workspace_tokens=_workspace_tokens(),
+        consumers={name: route.handler for name, route in ROUTES.items()
+                   if isinstance(route, Route)},
     )
 
 

@@ -11,6 +11,10 @@
   counted per message in Firestore; at MAX_DELIVERY_ATTEMPTS the message is dead-lettered
   with the last error and acknowledged. Pub/Sub's own dead-letter policy (5 attempts) is
   configured as well, but it records no reason, and the emulator does not apply it.
+  Except a decided request whose outbox would not send (``OutboxUnsent``: the decision is
+  committed, only its commands or events are missing): at the last attempt it is
+  acknowledged, not dead-lettered, and the reconciler's relay sends its outbox from the
+  ledger entry, which holds the event (``functions.handlers.reconciler``).
 - A raw message (one Stasis does not write: Cloud Monitoring's notifications, log sink
   entries) reaches its consumer through :func:`deliver_raw`, under the same rules; its
   handler says what is wrong with it by raising PermanentFailure.
@@ -32,6 +36,7 @@ from events import Event, InvalidEvent, from_cloudevent, from_pubsub
 from events.payloads import WORKSPACE_SEPARATOR
 from functions.domain.publishers import origin_refusal
 from functions.handlers.deps import Deps
+from functions.ports import OutboxUnsent
 
 MAX_DELIVERY_ATTEMPTS = 5
 #: Admission events: published with the team as ordering key and delivered in that order,
@@ -128,6 +133,10 @@ def _guarded(run: Callable[[], Any], message: RawMessage, consumer: str, deps: D
             log.warning("%s failed on %s (attempt %d, retried): %s", consumer, described,
                         attempts, reason)
             raise
+        if isinstance(exc, OutboxUnsent):  # decided: the ledger holds it, not the message
+            log.error("%s: the outbox of %s is still unsent after %d attempts (%s); the "
+                      "reconciler's relay sends it", consumer, described, attempts, reason)
+            return
         log.error("%s gave up on %s after %d attempts: %s", consumer, described, attempts,
                   reason)
         deps.dead_letters.dead_letter(

@@ -178,6 +178,29 @@ class Committed:
     decision: Any = None
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A ledger entry whose outbox is still unsent: what the reconciler's relay hands back to
+    its consumer (``functions.handlers.reconciler``)."""
+
+    key: str
+    consumer: str
+    #: The event that decided it, as delivered.
+    event: Event[Any]
+    processed_at: datetime
+
+
+class OutboxUnsent(Exception):
+    """A decision committed but its outbox could not be sent (the runtime or the bus did not
+    answer): the entry stays pending. Its event's redelivery sends it again; once the
+    deliveries are spent, the reconciler's relay does (``Ledger.pending``), so the delivery
+    guard acknowledges it instead of dead-lettering a request that was decided."""
+
+    def __init__(self, key: str, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.key = key
+
+
 class Ledger(Protocol):
     """One effect per (consumer, event type, requestid), with the outbox of that effect."""
 
@@ -190,6 +213,10 @@ class Ledger(Protocol):
 
     def mark_done(self, key: str) -> None:
         """The outbox of entry ``key`` was sent."""
+        ...
+
+    def pending(self, *, limit: int = 200) -> list[Pending]:
+        """The entries whose outbox is not sent yet, oldest first (at most ``limit``)."""
         ...
 
 

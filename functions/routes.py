@@ -226,9 +226,9 @@ FUNCTIONS = _table(
          deps="control_plane", emits=frozenset({"job.submitted", "job.finished"})),
     Http("reconcile", SCHEDULER, "functions.handlers.scheduled:reconcile",
          schedule="*/10 * * * *",
-         emits=frozenset({"workspace.runtime_failed", "workspace.preempted",
-                          "workspace.scheduled", "workspace.delete_requested",
-                          "snapshot.finished", "sandbox.finished", "job.finished"})),
+         # its repairs, and the outboxes its relay sends for the event functions
+         emits=frozenset({"workspace.preempted", "workspace.delete_requested"})
+         | LIFECYCLE_OUTBOX | SANDBOX_OUTBOX | JOB_OUTBOX),
     Http("idle_sweep", SCHEDULER, "functions.handlers.scheduled:idle_sweep",
          schedule="*/5 * * * *", emits=frozenset({"workspace.idle_detected"})),
     Http("janitor", SCHEDULER, "functions.handlers.scheduled:janitor", schedule="17 * * * *",

@@ -24,7 +24,7 @@ from typing import Any
 
 from google.api_core.exceptions import NotFound
 
-from events import Event
+from events import Event, from_pubsub, to_pubsub
 from functions.domain.catalog import Catalog
 from functions.domain.jobs import Job, JobState
 from functions.domain.lifecycle import Workspace
@@ -36,6 +36,7 @@ from functions.ports import (
     Committed,
     Entry,
     JobRun,
+    Pending,
     RuntimeRefused,
     RuntimeStatus,
     Subject,
@@ -131,17 +132,30 @@ class MemoryStore:
         self.decisions += 1
         entry = decide(tx)
         tx.commit()
-        self.db.put(LEDGER, key, {
+        doc = {
             "consumer": consumer, "type": event.type, "event_id": event.id,
             "requestid": event.requestid, f"{subject.kind}_id": subject.id,
             "status": "pending" if entry.outbox else "done", "outbox": entry.outbox,
             "outcome": entry.outcome, "processed_at": now, "expire_at": now + LEDGER_TTL,
-        })
+        }
+        if entry.outbox:
+            data, attributes = to_pubsub(event)
+            doc["event"] = {"data": data.decode(), "attributes": attributes}
+        self.db.put(LEDGER, key, doc)
         return Committed(key, bool(entry.outbox), _stored(entry.outbox), entry.decision)
 
     def mark_done(self, key: str) -> None:
         entry = self.db.docs[(LEDGER, key)]
         entry.update(status="done", outbox=[])
+        entry.pop("event", None)
+
+    def pending(self, *, limit: int = 200) -> list[Pending]:
+        found = [Pending(key, doc["consumer"],
+                         from_pubsub(doc["event"]["data"].encode(), doc["event"]["attributes"]),
+                         doc["processed_at"])
+                 for key, doc in self.db.collection(LEDGER).items()
+                 if doc["status"] == "pending"]
+        return sorted(found, key=lambda p: p.processed_at)[:limit]
 
     def entries(self) -> list[dict[str, Any]]:
         return list(self.db.collection(LEDGER).values())
@@ -439,7 +453,14 @@ def handler_deps(catalog: Catalog, *, db: MemoryDb | None = None,
         fleet=MemoryFleet(db),
         sandboxes=SandboxDeps(MemorySandboxStore(db),
                               sandbox_runtime or RecordingSandboxRuntime()),
-        jobs=MemoryJobStore(db), job_runtime=job_runtime)
+        jobs=MemoryJobStore(db), job_runtime=job_runtime, consumers=_consumers())
+
+
+def _consumers() -> dict[str, Any]:
+    """The event functions' handlers, as bootstrap gives them (the reconciler's relay)."""
+    from functions.routes import ROUTES, Route
+
+    return {name: route.handler for name, route in ROUTES.items() if isinstance(route, Route)}
 
 
 def published(deps: Deps, name: str) -> list[Any]:

@@ -7,8 +7,9 @@ ledger entry ``processed/{key}`` and every document the decision writes (the wor
 its version, the team's usage counters, the sandbox records and queue, the job, the
 snapshot record, the audit entry) commit together or not at all. The entry makes an event
 and a retried request have one effect; it also keeps the outbox (commands and events still
-to send), so a crash between commit and side effects is repaired by the redelivery instead
-of losing the side effects.
+to send) and, while that is pending, the event that decided it, so a crash between commit
+and side effects is repaired by the redelivery instead of losing the side effects, and an
+outbox that outlived its deliveries is sent by the reconciler's relay (:meth:`pending`).
 
 Contention is bounded by design: admission events carry the team as their Pub/Sub ordering
 key (one at a time per team on GCP), one function instance decides one subject lock at a
@@ -32,9 +33,9 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from events import Event
+from events import Event, from_pubsub, to_pubsub
 from functions.domain.lifecycle import State, Workspace
-from functions.ports import Committed, Entry, Subject
+from functions.ports import Committed, Entry, Pending, Subject
 
 LEDGER = "processed"
 LEDGER_TTL = timedelta(days=7)
@@ -139,20 +140,41 @@ class FirestoreStore:
             tx = _Tx(self.db, transaction)
             entry = decide(tx)
             tx.apply()
-            transaction.set(ledger_ref, {
+            doc = {
                 "consumer": consumer, "type": event.type, "event_id": event.id,
                 "requestid": event.requestid, f"{subject.kind}_id": subject.id,
                 # pending: committed, outbox not yet sent
                 "status": "pending" if entry.outbox else "done", "outbox": entry.outbox,
                 "outcome": entry.outcome, "processed_at": now, "expire_at": now + LEDGER_TTL,
-            })
+            }
+            if entry.outbox:  # what the relay hands back to the consumer, until done
+                data, attributes = to_pubsub(event)
+                doc["event"] = {"data": data.decode(), "attributes": attributes}
+            transaction.set(ledger_ref, doc)
             return Committed(key, bool(entry.outbox), list(entry.outbox), entry.decision)
 
         result: Committed = run(self.db.transaction(max_attempts=3))
         return result
 
     def mark_done(self, key: str) -> None:
-        self.db.collection(LEDGER).document(key).update({"status": "done", "outbox": []})
+        self.db.collection(LEDGER).document(key).update(
+            {"status": "done", "outbox": [], "event": firestore.DELETE_FIELD})
+
+    def pending(self, *, limit: int = 200) -> list[Pending]:
+        """``functions.ports.Ledger.pending``. One equality filter (no composite index);
+        pending entries are few (each is marked done once its outbox is sent)."""
+        found = []
+        query = self.db.collection(LEDGER).where(
+            filter=firestore.FieldFilter("status", "==", "pending")).limit(limit)
+        for snap in query.stream():
+            doc = aware(snap.to_dict())
+            stored = doc.get("event")
+            if not stored:  # written before entries kept their event: redelivery only
+                continue
+            found.append(Pending(snap.id, doc["consumer"],
+                                 from_pubsub(stored["data"].encode(), stored["attributes"]),
+                                 doc["processed_at"]))
+        return sorted(found, key=lambda p: p.processed_at)
 
     # --- deliveries, audit ------------------------------------------------------------------
     def count_failure(self, message_id: str, consumer: str, reason: str, now: datetime) -> int:

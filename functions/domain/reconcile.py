@@ -11,7 +11,10 @@ the team's accelerators back. A RUNNING workspace whose server the runtime no lo
 (a Spot VM reclaimed, a killed process) gets workspace.preempted ``server_lost``: the
 lifecycle pauses it from its latest snapshot (or fails it without one) and gives its quota
 back. Profiles with ``checkpoint_every_seconds`` get a checkpoint that often
-(:func:`checkpoints_due`).
+(:func:`checkpoints_due`). A ledger entry whose outbox is still unsent past
+``RELAY_AFTER`` (its event's deliveries spent while the node agent was away) is relayed:
+its event goes to its consumer again, which sends the outbox as a redelivery would
+(:func:`relays_due`).
 """
 
 from __future__ import annotations
@@ -82,16 +85,54 @@ class JobRepair:
     event_id: str
 
 
+@dataclass(frozen=True)
+class Relay:
+    """A pending ledger entry whose event goes to its consumer again."""
+
+    key: str
+    consumer: str
+    why: str
+
+
 @dataclass
 class Plan:
     repairs: list[Repair] = field(default_factory=list)
     sandboxes: list[SandboxRepair] = field(default_factory=list)
     jobs: list[JobRepair] = field(default_factory=list)
+    relays: list[Relay] = field(default_factory=list)
     #: What the scheduler's pass of the same run did (``functions.handlers.scheduler``).
     schedule: dict[str, Any] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.repairs) or bool(self.sandboxes) or bool(self.jobs)
+        return bool(self.repairs) or bool(self.sandboxes) or bool(self.jobs) or \
+            bool(self.relays)
+
+
+#: A pending outbox younger than this may still be sent by its event's redelivery (Pub/Sub
+#: retries for a few minutes, up to 60 s apart); older, its deliveries are spent.
+RELAY_AFTER = timedelta(minutes=2)
+#: Past this the relay stops trying an outbox (it is logged; the entry expires with the
+#: ledger): a command that failed for a day will not succeed on the next run.
+RELAY_WITHIN = timedelta(days=1)
+
+
+def relays_due(pending: Iterable[tuple[str, str, datetime]], consumers: Iterable[str],
+               now: datetime, after: timedelta = RELAY_AFTER,
+               within: timedelta = RELAY_WITHIN) -> tuple[list[Relay], list[Relay]]:
+    """(due, given up) among the pending entries ``(key, consumer, processed_at)``. Only
+    entries of an event function (``consumers``) are relayed: an internal signal's entry
+    (a destroy's ``internal-destroyed``) is sent again by its outer event's, which stays
+    pending while the inner one fails."""
+    known = set(consumers)
+    due: list[Relay] = []
+    given_up: list[Relay] = []
+    for key, consumer, processed_at in pending:
+        age = now - processed_at
+        if consumer not in known or age < after:
+            continue
+        why = f"outbox unsent for {int(age.total_seconds())}s"
+        (due if age <= within else given_up).append(Relay(key, consumer, why))
+    return due, given_up
 
 
 def plan(workspaces: Iterable[Workspace], runtime: Mapping[str, RuntimeView], now: datetime,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -114,3 +114,6 @@ class Deps:
     #: Verifies a workspace pod's Kubernetes token for ``workspace_api``
     #: (``functions.adapters.kubernetes_tokens.KubernetesTokens``; None: not on GKE).
     workspace_tokens: Any = None
+    #: The event functions' handlers by consumer name (``functions.routes``, given by
+    #: ``bootstrap``): where the reconciler's relay hands a pending entry's event back.
+    consumers: Mapping[str, Callable[[Any, Any, str], Any]] = field(default_factory=dict)

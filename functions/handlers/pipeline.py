@@ -17,7 +17,9 @@ table from payload type to :class:`Step`, what its transaction is about and how 
 3. **mark done**: the entry's outbox was sent. A crash before this leaves the entry
    pending, and the redelivery of the event sends the same outbox again (every command is
    idempotent and checks it still applies to the subject as it is now, and an event sent
-   twice has the same id).
+   twice has the same id). An outbox that fails to send raises ``OutboxUnsent``; when the
+   deliveries are spent (the node agent away longer than Pub/Sub's retries), the
+   reconciler's relay delivers the entry's event to its consumer again.
 4. **log** what was decided.
 
 The outbox, as stored: ``{"command": "<type name>", "fields": {...}}`` for a command,
@@ -37,7 +39,7 @@ from events import Event, crashpoints, from_pubsub, new_event, to_pubsub
 from functions.domain.decision import Decided
 from functions.handlers.commands import EXECUTORS, Context
 from functions.handlers.deps import Deps
-from functions.ports import Entry, Subject, Tx
+from functions.ports import Entry, OutboxUnsent, Subject, Tx
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +82,16 @@ def run(event: Event[Any], signal: Any, deps: Deps, consumer: str,
         crashpoints.reach("pipeline.committed", detail=event.name)
     context = Context(deps, event, step.source,
                       lambda again, as_consumer: run(event, again, deps, as_consumer, steps))
-    for item in decode(committed.outbox):
-        if isinstance(item, Event):
-            deps.bus.publish(item)
-        else:
-            EXECUTORS[type(item)](item, context)
+    try:
+        for item in decode(committed.outbox):
+            if isinstance(item, Event):
+                deps.bus.publish(item)
+            else:
+                EXECUTORS[type(item)](item, context)
+    except Exception as exc:
+        if not committed.pending:
+            raise
+        raise OutboxUnsent(committed.key, exc) from exc
     if committed.pending:
         deps.store.mark_done(committed.key)
     decision: Decided | None = committed.decision

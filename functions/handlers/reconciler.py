@@ -10,6 +10,13 @@ and so do RUNNING kubernetes jobs that have had no JobSet for 5 minutes. RUNNING
 workspaces whose server vanished get workspace.preempted ``server_lost``, checkpoints come
 due by their profile's policy, and a scheduler pass looks at the queue (queued requests
 past their maximum wait fail there).
+
+First of all, the relay: a decided request whose outbox is still unsent past
+``RELAY_AFTER`` (its deliveries were spent while the runtime was away: the delivery guard
+then acknowledges it, ``functions.delivery``) is handed to its consumer again, in this
+process, with the event its ledger entry kept; the consumer finds its entry and sends the
+outbox, exactly as a redelivery would. It runs before the runtime is listed, so a restore it
+starts counts as the runtime's operation, not as a stuck transition.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from functions.domain.jobs import JobState
 from functions.domain.lifecycle import State
 from functions.domain.reconcile import (
     Plan,
+    Relay,
     RuntimeView,
     checkpoints_due,
     lost_cluster_jobs,
     lost_jobs,
     plan,
+    relays_due,
     sandbox_repairs,
 )
 from functions.domain.sandboxes import SandboxState
@@ -40,6 +49,7 @@ _WATCHED = [State.PROVISIONING, State.PAUSING, State.RESUMING, State.DELETING, S
 
 
 def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
+    relays = _relay(deps, fix=fix)
     # The runtime first: a server that starts after this look is not taken for lost.
     observed = deps.clock()
     runtime = {s.workspace_id: RuntimeView(s.running, s.operation)
@@ -47,6 +57,7 @@ def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
     workspaces = deps.store.list_workspaces(states=_WATCHED, limit=10_000)
     now = deps.clock()
     result = plan(workspaces, runtime, now, observed_at=observed)
+    result.relays = relays
     if any(ws.state == State.RUNNING for ws in workspaces):
         catalog = deps.catalog()
         every = {p.id: p.scheduling.checkpoint_every_seconds
@@ -71,6 +82,25 @@ def reconcile(deps: Deps, *, fix: bool = True) -> Plan:
             deps.bus.publish(new_event(repair.event, source=SOURCE, id=repair.event_id,
                                        requestid=repair.event_id))
     return result
+
+
+def _relay(deps: Deps, *, fix: bool) -> list[Relay]:
+    """Hand each pending entry past ``RELAY_AFTER`` back to its event function."""
+    pending = {p.key: p for p in deps.store.pending()}
+    due, given_up = relays_due(((p.key, p.consumer, p.processed_at) for p in pending.values()),
+                               deps.consumers, deps.clock())
+    for relay in given_up:
+        log.error("relay %s (%s): %s, no longer tried", relay.key, relay.consumer, relay.why)
+    if not fix:
+        return due
+    for relay in due:
+        event = pending[relay.key].event
+        log.warning("relay %s to %s: %s", event.describe(), relay.consumer, relay.why)
+        try:
+            deps.consumers[relay.consumer](event, deps, relay.consumer)
+        except Exception as exc:  # still unsent: the next run tries again
+            log.warning("relay %s to %s failed: %s", event.describe(), relay.consumer, exc)
+    return due
 
 
 def _repair_sandboxes(deps: Deps, result: Plan, *, fix: bool) -> None:
@@ -117,4 +147,6 @@ def summary(result: Plan) -> list[dict[str, Any]]:
             for r in result.repairs] + [
         {"sandbox_id": r.sandbox_id, "why": r.why, "action": "SandboxFinished"}
         for r in result.sandboxes] + [
-        {"job_id": r.job_id, "why": r.why, "action": "JobFinished"} for r in result.jobs]
+        {"job_id": r.job_id, "why": r.why, "action": "JobFinished"} for r in result.jobs] + [
+        {"ledger_entry": r.key, "consumer": r.consumer, "why": r.why, "action": "relay"}
+        for r in result.relays]

@@ -20,6 +20,7 @@ from events import SnapshotFinished, WorkspaceDeleteRequested, WorkspaceReady, n
 from functions.adapters.firestore_store import FirestoreStore
 from functions.adapters.pubsub_bus import PubSubBus
 from functions.delivery import MAX_DELIVERY_ATTEMPTS, deliver
+from functions.ports import OutboxUnsent
 from functions.routes import PUBLISHERS
 from stack import topology
 from stasis_cli import deadletters
@@ -64,6 +65,24 @@ def test_a_handler_that_raises_is_retried_then_dead_lettered(deps: SimpleNamespa
     assert row["id"] == event.id and row["attempts"] == MAX_DELIVERY_ATTEMPTS
     assert row["reason"] == ("failed 5 times, last error: ConnectionError: "
                              "node agent unreachable")
+
+
+def test_a_decided_request_whose_outbox_would_not_send_is_acked_for_the_relay(
+        deps: SimpleNamespace) -> None:
+    """Its decision is committed and its ledger entry keeps the event: dead-lettering it
+    would show an operator a request that the reconciler's relay then carries out."""
+    def unsent(event: Any, _deps: Any, consumer: str) -> None:
+        raise OutboxUnsent("entry-key", ConnectionError("node agent unreachable"))
+
+    event = new_event(WorkspaceReady(workspace_id="ml-a--wsq", url="u", runtime_handle="h"))
+    message = _push(event, "m-9")
+    for _ in range(1, MAX_DELIVERY_ATTEMPTS):
+        with pytest.raises(OutboxUnsent):
+            deliver(message, "on_workspace_ready", "workspace.ready", unsent, deps,
+                    senders=PUBLISHERS["workspace.ready"])
+    deliver(message, "on_workspace_ready", "workspace.ready", unsent, deps,
+            senders=PUBLISHERS["workspace.ready"])  # acked, not dead-lettered
+    assert deadletters.peek(deps.project) == []
 
 
 def test_an_event_on_the_wrong_topic_is_dead_lettered(deps: SimpleNamespace) -> None:

@@ -224,7 +224,7 @@ def test_the_reconciler_gives_back_a_paused_workspace_jobs_chips_once(env: Any) 
     def reconcile(at: Any) -> Any:
         deps = SimpleNamespace(store=FirestoreStore(env.db), bus=bus,
                                runtime=NullRuntime(bus), jobs=env.deps.jobs,
-                               sandboxes=None, fleet=None, clock=lambda: at)
+                               sandboxes=None, fleet=None, clock=lambda: at, consumers={})
         return reconciler.reconcile(deps)
 
     assert not reconcile(paused_at + JOB_GRACE).jobs  # the kernel may still report it

@@ -233,7 +233,7 @@ def test_admission_applies_a_valid_jobset_once(env: Any) -> None:
 def test_an_outbox_that_failed_is_sent_again_on_redelivery(env: Any) -> None:
     """The API server was unreachable after the admission committed: the ledger entry stays
     pending with its outbox, the event is retried, and the retry starts the job once."""
-    from functions.ports import RuntimeUnavailable
+    from functions.ports import OutboxUnsent, RuntimeUnavailable
 
     real, calls = env.runtime, []
 
@@ -251,8 +251,9 @@ def test_an_outbox_that_failed_is_sent_again_on_redelivery(env: Any) -> None:
 
     env.deps.job_runtime = Flaky()
     event = submitted(env, "job-retry", "cpu-small", 2)
-    with pytest.raises(RuntimeUnavailable):
+    with pytest.raises(OutboxUnsent) as unsent:
         deliver(env, event)
+    assert isinstance(unsent.value.__cause__, RuntimeUnavailable)
     assert job(env, "job-retry")["state"] == "RUNNING" and not jobsets(env)
     (entry,) = [d.to_dict() for d in env.db.collection("processed").stream()]
     assert entry["status"] == "pending" and entry["outbox"][0] == {

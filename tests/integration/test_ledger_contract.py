@@ -90,6 +90,23 @@ def test_one_effect_per_request_and_the_pending_outbox_comes_back(backend: Backe
     assert backend.read("workspaces", "ml-a--nb") == {"state": "RUNNING", "version": 2}
 
 
+def test_pending_entries_hand_back_their_event_until_marked_done(backend: Backend) -> None:
+    """What the reconciler's relay reads: the entries whose outbox is unsent, oldest
+    first, each with the event that decided it; none with an empty outbox or marked done."""
+    later, first, empty = _event("req-later"), _event("req-first"), _event("req-empty")
+    backend.ledger.transact(later, "on_ready", SUBJECT, lambda tx: _entry(),
+                            now=NOW.replace(minute=5))
+    backend.ledger.transact(first, "on_ready", SUBJECT, lambda tx: _entry(), now=NOW)
+    backend.ledger.transact(empty, "on_ready", SUBJECT, lambda tx: _entry([]), now=NOW)
+    pending = backend.ledger.pending()
+    assert [(p.consumer, p.event.id, p.event.requestid) for p in pending] == [
+        ("on_ready", first.id, "req-first"), ("on_ready", later.id, "req-later")]
+    assert pending[0].event.payload == first.payload and pending[0].processed_at == NOW
+    backend.ledger.mark_done(pending[0].key)
+    assert [p.event.requestid for p in backend.ledger.pending()] == ["req-later"]
+    assert "event" not in (backend.read("processed", pending[0].key) or {})
+
+
 def test_the_entry_records_the_request_and_its_outcome(backend: Backend) -> None:
     event = _event("req-entry")
     committed = backend.ledger.transact(event, "on_ready", SUBJECT, lambda tx: _entry([]),

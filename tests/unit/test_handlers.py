@@ -61,9 +61,9 @@ from functions.domain.sandboxes import (
     StartSandbox,
     SuspendSandbox,
 )
-from functions.handlers import idle, janitor, jobs, lifecycle, pipeline, sandboxes
+from functions.handlers import idle, janitor, jobs, lifecycle, pipeline, reconciler, sandboxes
 from functions.handlers.commands import EXECUTORS, Context
-from functions.ports import RuntimeUnavailable
+from functions.ports import OutboxUnsent, RuntimeUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = Catalog.from_config(yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text()))
@@ -249,8 +249,9 @@ def test_an_outbox_that_failed_midway_is_sent_again_by_the_redelivery() -> None:
 
     deps = _deps(runtime=Flaky())
     event = _event(WorkspaceRequested("ml-a", "alice", "nb", "cpu-small"))
-    with pytest.raises(RuntimeUnavailable):
+    with pytest.raises(OutboxUnsent) as unsent:
         lifecycle.handle(event, deps, "on_workspace_requested")
+    assert isinstance(unsent.value.__cause__, RuntimeUnavailable)
     [entry] = deps.store.entries()
     assert entry["status"] == "pending" and [i.get("command") for i in entry["outbox"]] == [
         "Provision", None]
@@ -277,7 +278,7 @@ def test_a_replayed_outbox_does_not_release_the_resume_that_followed() -> None:
     lifecycle.handle(_event(WorkspacePauseRequested(WS, "alice")), deps, "on_pause_requested")
     [snapshot_call] = [c for c in deps.runtime.calls if c[0] == "snapshot"]
     done = _event(SnapshotFinished(WS, snapshot_call[2], True, bytes=1000, uri="gs://b/s"))
-    with pytest.raises(RuntimeUnavailable):
+    with pytest.raises(OutboxUnsent):
         lifecycle.handle(done, deps, "on_snapshot_finished")
     assert _doc(deps, "workspaces", WS)["state"] == "PAUSED"  # type: ignore[index]
     lifecycle.handle(_event(WorkspaceResumeRequested(WS, "alice")), deps, "on_resume_requested")
@@ -289,6 +290,62 @@ def test_a_replayed_outbox_does_not_release_the_resume_that_followed() -> None:
     assert _doc(deps, "workspaces", WS)["state"] == "RESUMING"  # type: ignore[index]
     assert [e["status"] for e in deps.store.entries()
             if e["consumer"] == "on_snapshot_finished"] == ["done"]
+
+
+def test_a_resume_whose_deliveries_were_spent_is_relayed_by_the_reconciler() -> None:
+    """The node agent away for longer than the resume's deliveries (the chaos run's seed 88
+    dead-lettered one and left the workspace RESUMING): the decision is committed, so the
+    reconciler hands the entry's event back to its consumer, which sends the Restore."""
+    class Away(RecordingRuntime):
+        away = True
+
+        def restore(self, spec: Any, snapshot_id: str, **kw: Any) -> None:
+            super().restore(spec, snapshot_id, **kw)
+            if self.away:
+                raise RuntimeUnavailable("node agent unreachable")
+
+    clock = Clock()
+    deps = handler_deps(CATALOG, db=_deps().store.db, runtime=Away(), clock=clock)
+    _running(deps)
+    lifecycle.handle(_event(WorkspacePauseRequested(WS, "alice")), deps, "on_pause_requested")
+    [snapshot_call] = [c for c in deps.runtime.calls if c[0] == "snapshot"]
+    lifecycle.handle(_event(SnapshotFinished(WS, snapshot_call[2], True, bytes=10,
+                                             uri="gs://b/s")), deps, "on_snapshot_finished")
+    resume = _event(WorkspaceResumeRequested(WS, "alice"))
+    for _ in range(3):  # its deliveries, all while the agent is away
+        with pytest.raises(OutboxUnsent):
+            lifecycle.handle(resume, deps, "on_resume_requested")
+    restores = sum(c[0] == "restore" for c in deps.runtime.calls)
+    assert restores == 3 and _doc(deps, "workspaces", WS)["state"] == "RESUMING"  # type: ignore[index]
+
+    clock.advance(seconds=60)  # too soon: a redelivery may still be on its way
+    assert reconciler.reconcile(deps).relays == []
+    clock.advance(seconds=90)
+    assert [r.consumer for r in reconciler.reconcile(deps, fix=False).relays] == [
+        "on_resume_requested"]
+    assert sum(c[0] == "restore" for c in deps.runtime.calls) == restores  # a dry run
+    relayed = reconciler.reconcile(deps)  # still away: tried, left pending
+    assert len(relayed.relays) == 1 and sum(c[0] == "restore" for c in deps.runtime.calls) == 4
+    deps.runtime.away = False  # type: ignore[attr-defined]
+    assert len(reconciler.reconcile(deps).relays) == 1
+    assert deps.runtime.calls[-1][0] == "restore"
+    assert [e["status"] for e in deps.store.entries()
+            if e["consumer"] == "on_resume_requested"] == ["done"]
+    assert deps.store.pending() == [] and reconciler.reconcile(deps).relays == []
+    assert _doc(deps, "workspaces", WS)["state"] == "RESUMING"  # type: ignore[index]
+
+
+def test_a_relay_gives_up_after_a_day_and_skips_internal_entries() -> None:
+    from functions.domain.reconcile import relays_due
+
+    pending = [("a", "on_resume_requested", NOW - timedelta(minutes=3)),
+               ("b", "internal-destroyed", NOW - timedelta(minutes=3)),
+               ("c", "on_job_submitted", NOW - timedelta(days=2)),
+               ("d", "on_pause_requested", NOW - timedelta(seconds=30))]
+    due, given_up = relays_due(pending, {"on_resume_requested", "on_job_submitted",
+                                         "on_pause_requested"}, NOW)
+    assert [r.key for r in due] == ["a"] and [r.key for r in given_up] == ["c"]
+    assert due[0].why == "outbox unsent for 180s"
 
 
 def test_a_provision_or_restore_replayed_after_a_pause_starts_nothing() -> None:

@@ -67,7 +67,9 @@ EVIDENCE: dict[str, tuple[str, ...]] = {
     "portal": ("functions/portal/web.py", "functions/proxy/issuer.py"),
     "proxy": ("functions/proxy/access.py", "functions/proxy/sandboxes.py"),
     "links": ("functions/proxy/issuer.py",),
-    "reconcile": ("functions/domain/reconcile.py", "functions/handlers/scheduler.py"),
+    # its repairs and scheduler pass, and the outboxes its relay sends for the event functions
+    "reconcile": tuple(sorted({"functions/domain/reconcile.py", *_LIFECYCLE, *_SANDBOXES,
+                               *_JOBS})),
     "idle_sweep": ("functions/handlers/idle.py",),
     "janitor": ("functions/handlers/janitor.py",),
     "cost_rollup": ("functions/handlers/cost.py",),

@@ -119,6 +119,9 @@ class _NoWorkspaces:
     def list_workspaces(self, **_: Any) -> list[Any]:
         return []
 
+    def pending(self, **_: Any) -> list[Any]:  # no ledger entry waits for the relay
+        return []
+
 
 class _NothingRuns:
     def list(self) -> list[Any]:
@@ -257,8 +260,9 @@ def test_an_unreachable_runtime_answers_503_with_the_reason() -> None:
         def list(self) -> list[Any]:
             raise RuntimeUnavailable("node agent at http://127.0.0.1:1 unreachable")
 
-    fake = SimpleNamespace(store=SimpleNamespace(list_workspaces=lambda states: []),
+    fake = SimpleNamespace(store=SimpleNamespace(list_workspaces=lambda states: [],
+                                                 pending=lambda: []),
                            runtime=Runtime(), clock=lambda: datetime.now(UTC),
-                           sandboxes=None, jobs=None)
+                           sandboxes=None, jobs=None, consumers={})
     body, status = scheduled.reconcile(SimpleNamespace(args={}), fake)
     assert status == 503 and "node agent at http://127.0.0.1:1 unreachable" in body["error"]
