@@ -1,20 +1,16 @@
-"""Sustained load on a local stack of its own, null runtime (prints JSON).
+"""Sustained load on a local stack of its own, null runtime (prints JSON): ``harness.load``.
 
 Creates ``--workspaces`` workspaces (team ml-a's quota raised to fit), and with ``--local
-N`` N more on the local runtime beside them: real JupyterLab servers on this host, on the
-same control plane (the stack runs the local runtime, and the workspaces named ``load-*``
-are routed to the null one: ``STASIS_NULL_RUNTIME_MATCH``,
-``functions.adapters.split_runtime``). Then for
-``--seconds`` publishes ``--rate`` requests a second: each one a pause of a RUNNING
-workspace or a resume of a PAUSED one (a workspace with a request in flight gets none).
-A request's latency is from its publish to the ``workspace.state_changed`` that ends it
-(PAUSED, RUNNING), read from a pull subscription by its ``ce-requestid``; each is 3 to 4
-deliveries through Pub/Sub push, the function host (two workers) and Firestore
-transactions. Every ``--window`` seconds: requests sent and done, p50/p99 latency, and the
-function host's memory (RSS of the gunicorn master and its workers, summed) and the
-host's memory in use. At the end, latencies of the null and of the local workspaces apart.
+N`` N more on the local runtime beside them (real JupyterLab servers on this host). Then
+for ``--seconds`` publishes ``--rate`` requests a second, pauses and resumes, and prints
+per ``--window``: requests sent and done, p50/p99 latency, the function host's memory and
+the host's memory in use; at the end, latencies of the null and of the local workspaces
+apart. With ``--trace-memory N`` each worker of the function host traces its allocations
+(N frames; it slows them) and the JSON says, per worker, the allocation sites that grew
+most between the end of the creates and the end of the run.
 
     .venv/bin/python bench/load.py [--workspaces 200] [--local 10] [--rate 50] [--seconds 600]
+                                   [--trace-memory 12]
 """
 
 from __future__ import annotations
@@ -22,50 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
-import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import sys
 
-import psutil
-from common import private_stack, summary
-from google.cloud import pubsub_v1
+from common import private_stack
 
-from events import (
-    WorkspacePauseRequested,
-    WorkspaceRequested,
-    WorkspaceResumeRequested,
-    new_event,
-)
-from events.payloads import workspace_id
-from functions.adapters.pubsub_bus import PubSubBus
-from functions.domain.publishers import OPERATOR
-from stack import local
-
-TEAM = "ml-a"
-
-
-def _host_rss(settings: Any) -> float:
-    row = next(r for r in local.status(settings) if r["name"] == "functions")
-    host = psutil.Process(row["pid"])
-    return sum(p.memory_info().rss for p in [host, *host.children(recursive=True)]) / 2**20
-
-
-def _used_mib() -> float:
-    """The machine's memory in use (the workspaces' servers and kernels included)."""
-    return float(psutil.virtual_memory().used) / 2**20
-
-
-def _raise_quota(settings: Any, workspaces: int) -> None:
-    """Room for every workspace: the example's ml-a may have 10."""
-    from stack import admin
-
-    config = admin.load(local.EXAMPLE_CONFIG)
-    for team in config["teams"]:
-        if team["id"] == TEAM:
-            team["quotas"]["workspaces"] = workspaces * 2
-    admin.apply(settings, config, actor="bench-load", source="bench/load.py")
+from harness.load import NULL_MATCH, LoadPlan, run
 
 
 def main() -> None:
@@ -76,133 +33,19 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--local", type=int, default=0,
                         help="workspaces on the local runtime beside the null ones")
+    parser.add_argument("--trace-memory", type=int, default=0, metavar="FRAMES",
+                        help="trace the function host's allocations, FRAMES deep")
     args = parser.parse_args()
     if args.local:
-        os.environ["STASIS_NULL_RUNTIME_MATCH"] = f"{TEAM}--load-*"
-    with private_stack("local" if args.local else "null") as (settings, _report):
-        _raise_quota(settings, args.workspaces + args.local)
-        time.sleep(6)  # the functions re-read the catalog every few seconds
-        bus = PubSubBus(settings.project, origin=OPERATOR)
-        subscriber = pubsub_v1.SubscriberClient()
-        sub = subscriber.subscription_path(settings.project, f"load-{uuid.uuid4().hex[:8]}")
-        subscriber.create_subscription(request={"name": sub, "topic": (
-            f"projects/{settings.project}/topics/stasis-workspace-state-changed")})
-        lock = threading.Lock()
-        sent: dict[str, tuple[float, str, str]] = {}  # requestid -> (at, ws, final state)
-        done: dict[str, float] = {}
-        state: dict[str, str] = {}
-        busy: set[str] = set()
-
-        def on_change(message: Any) -> None:
-            message.ack()
-            data = json.loads(message.data)
-            rid = message.attributes.get("ce-requestid", "")
-            with lock:
-                if rid in sent and rid not in done and data.get("to_state") == sent[rid][2]:
-                    done[rid] = time.monotonic()
-                    state[sent[rid][1]] = sent[rid][2]
-                    busy.discard(sent[rid][1])
-
-        streaming = subscriber.subscribe(sub, on_change)
-        pool = ThreadPoolExecutor(max_workers=16)
-
-        def send(payload: Any, ws: str, until: str) -> None:
-            event = new_event(payload, source="//bench/load", requestid=uuid.uuid4().hex)
-            with lock:
-                sent[event.requestid] = (time.monotonic(), ws, until)
-                busy.add(ws)
-            pool.submit(bus.publish, event)
-
-        names = [f"real-{i}" for i in range(args.local)] + [
-            f"load-{i}" for i in range(args.workspaces)]
-        ids = [workspace_id(TEAM, name) for name in names]
-        local_ids = set(ids[:args.local])
-        began = time.monotonic()
-        for name, ws in zip(names, ids, strict=True):
-            send(WorkspaceRequested(team=TEAM, owner="dev", name=name, profile="cpu-small"),
-                 ws, "RUNNING")
-        while time.monotonic() - began < 600:
-            with lock:
-                if not busy:
-                    break
-            time.sleep(0.5)
-        created = {"seconds": round(time.monotonic() - began, 1),
-                   "running": sum(1 for s in state.values() if s == "RUNNING"),
-                   "running_local": sum(1 for ws, s in state.items()
-                                        if s == "RUNNING" and ws in local_ids)}
-        with lock:
-            sent.clear()
-            done.clear()
-            busy.clear()
-        start = time.monotonic()
-        next_window, cursor, ticks = start + args.window, 0, 0
-        window_rss: list[float] = [_host_rss(settings)]
-        window_used: list[float] = [_used_mib()]
-        skipped = 0
-        while time.monotonic() - start < args.seconds:
-            ticks += 1
-            target = start + ticks / args.rate
-            time.sleep(max(0.0, target - time.monotonic()))
-            with lock:
-                free = [ws for ws in ids if ws not in busy and ws in state]
-            if not free:
-                skipped += 1
-            else:
-                ws = free[cursor % len(free)]
-                cursor += 1
-                if state[ws] == "RUNNING":
-                    send(WorkspacePauseRequested(ws, "dev"), ws, "PAUSED")
-                else:
-                    send(WorkspaceResumeRequested(ws, "dev"), ws, "RUNNING")
-            if time.monotonic() >= next_window:
-                window_rss.append(_host_rss(settings))
-                window_used.append(_used_mib())
-                next_window += args.window
-        time.sleep(10)  # the last requests land
-        window_rss.append(_host_rss(settings))
-        window_used.append(_used_mib())
-        # By when each request was sent, counted once all had their time to land.
-        windows = [_window(lock, sent, done, start + i * args.window,
-                           start + (i + 1) * args.window, start, window_rss[i + 1],
-                           window_used[i + 1])
-                   for i in range(len(window_rss) - 1)]
-        streaming.cancel()
-        pool.shutdown(wait=False)
-        with lock:
-            latencies = [(done[r] - sent[r][0]) * 1000 for r in done]
-            by_runtime = {kind: [(done[r] - sent[r][0]) * 1000 for r in done
-                                 if (sent[r][1] in local_ids) == (kind == "local")]
-                          for kind in ("null", "local")}
-            unfinished = len(sent) - len(done)
-            unfinished_local = sum(1 for r, (_at, ws, _s) in sent.items()
-                                   if r not in done and ws in local_ids)
-        rss = [w["host_rss_mib"] for w in windows]
-        print(json.dumps({
-            "workspaces": args.workspaces, "local": args.local, "rate_asked": args.rate,
-            "seconds": args.seconds, "created": created, "requests": len(sent),
-            "unfinished": unfinished, "unfinished_local": unfinished_local,
-            "skipped_all_busy": skipped,
-            "rate_done": round(len(latencies) / args.seconds, 1),
-            "latency_ms": summary(latencies, digits=0),
-            "latency_ms_by_runtime": {kind: summary(values, digits=0)
-                                      for kind, values in by_runtime.items() if values},
-            "host_rss_mib": {"start": round(window_rss[0], 1), "end": rss[-1],
-                             "max": max(rss)},
-            "machine_used_mib": {"start": round(window_used[0]), "end": round(window_used[-1])},
-            "windows": windows,
-        }, indent=1))
-
-
-def _window(lock: threading.Lock, sent: dict[str, tuple[float, str, str]],
-            done: dict[str, float], begin: float, end: float, start: float,
-            rss: float, used: float) -> dict[str, Any]:
-    with lock:
-        latencies = [(done[r] - sent[r][0]) * 1000 for r in done if begin <= sent[r][0] < end]
-        count = sum(1 for at, _ws, _s in sent.values() if begin <= at < end)
-    stats = summary(latencies, digits=0)
-    return {"from_s": round(begin - start), "sent": count, "done": len(latencies),
-            "p50_ms": stats.get("p50"), "p99_ms": stats.get("p99"),
-            "host_rss_mib": round(rss, 1), "machine_used_mib": round(used)}
+        os.environ["STASIS_NULL_RUNTIME_MATCH"] = NULL_MATCH
+    host_env = (lambda _s: {"STASIS_HOST_TRACEMALLOC": str(args.trace_memory)}) \
+        if args.trace_memory else None
+    plan = LoadPlan(workspaces=args.workspaces, rate=args.rate, seconds=args.seconds,
+                    window=args.window, local=args.local, trace_memory=bool(args.trace_memory))
+    with private_stack("local" if args.local else "null", host_env=host_env) as (
+            settings, _report):
+        report = run(settings, plan, say=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,18 @@ each has its own app, route and dead-letter topic.
 Run: ``gunicorn -k gthread --workers 2 --threads 8 -b 127.0.0.1:PORT stack.host:app``
 (``stack.local.host_spec``; the workers are separate instances that share only the
 emulators).
+
+For finding where a worker's memory goes (``bench/load.py --trace-memory``): with
+``STASIS_HOST_TRACEMALLOC=N`` each worker traces its allocations (N frames) and answers
+``GET /_memory`` with its pid and the allocation sites that grew most since its baseline
+(``?baseline=1`` takes one). Off by default: tracing slows every allocation.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,28 @@ def _health(environ: dict[str, Any], start_response: Any) -> Any:
     return Response("ok\n", mimetype="text/plain")(environ, start_response)
 
 
+class _Memory:
+    """``GET /_memory``: this worker's allocation sites that grew since its baseline."""
+
+    def __init__(self) -> None:
+        self.baseline: tracemalloc.Snapshot | None = None
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        query = environ.get("QUERY_STRING", "")
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__)])
+        if "baseline=1" in query or self.baseline is None:
+            self.baseline = snapshot
+        stats = snapshot.compare_to(self.baseline, "traceback")[:15]
+        current, peak = tracemalloc.get_traced_memory()
+        body = {"pid": os.getpid(), "traced_mib": round(current / 2**20, 2),
+                "peak_mib": round(peak / 2**20, 2),
+                "grew": [{"kib": round(s.size_diff / 1024, 1), "count": s.count_diff,
+                          "where": [f"{f.filename}:{f.lineno}" for f in s.traceback][-6:]}
+                         for s in stats if s.size_diff > 0]}
+        return Response(json.dumps(body), mimetype="application/json")(environ, start_response)
+
+
 def create_app() -> DispatcherMiddleware:
     mounts = {f"/{name}": functions_framework.create_app(target=name, source=str(MAIN),
                                                           signature_type="cloudevent")
@@ -37,6 +67,10 @@ def create_app() -> DispatcherMiddleware:
     mounts.update({f"/{name}": functions_framework.create_app(target=name, source=str(MAIN),
                                                                signature_type="http")
                    for name in HTTP_FUNCTIONS})
+    frames = int(os.environ.get("STASIS_HOST_TRACEMALLOC") or 0)
+    if frames:
+        tracemalloc.start(frames)
+        mounts["/_memory"] = _Memory()
     return DispatcherMiddleware(_health, mounts)
 
 
