@@ -27,6 +27,12 @@ counterpart of the local node agent's reports:
   admitted a workspace pod's Workload, or evicted it (``runtime.kubernetes.kueue_watch``;
   without Kueue there are no Workloads to read).
 
+Kernel snapshots and restores on GKE: the workspace pod's own identity may not touch the
+snapshot bucket, so every request the monitor hands a pod's agent carries a token it minted
+for that one operation from its own credential, downscoped to the workspace's own snapshot
+folder (``functions.domain.snapshot_access``, ``runtime.kubernetes.snapshot_tokens``); a
+request whose prefix or base lies outside that folder is failed without asking the agent.
+
 It is level-triggered: watches on pods, triggers and PodSnapshots only wake it early;
 every pass looks at the whole state, so a missed watch event or a restart loses nothing.
 Events carry the request's id from the objects' annotations and deterministic ids, so
@@ -53,6 +59,7 @@ from events import (
     WorkspaceRuntimeFailed,
     new_event,
 )
+from functions.domain import snapshot_access
 from functions.kubernetes.objects.meta import (
     ANN_ACCELERATOR,
     ANN_ACCELERATOR_COUNT,
@@ -82,6 +89,7 @@ from functions.kubernetes.objects.status import (
     timestamp_ms,
 )
 from functions.kubernetes.objects.workspace import sidecar_token, url_of_pod
+from runtime.kubernetes.snapshot_tokens import SnapshotTokens
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +135,15 @@ class Monitor:
                  settings: ClusterSettings | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  idle_interval: float = 60.0, watchers: Iterable[Watcher] = (),
-                 objects: Any = None) -> None:
+                 objects: Any = None, tokens: SnapshotTokens | None = None) -> None:
         """``objects``: the snapshot bucket's reader (``list_objects(bucket, prefix)``), to
-        measure a Pod Snapshot's bytes from what GKE wrote (None: not measured)."""
+        measure a Pod Snapshot's bytes from what GKE wrote (None: not measured).
+        ``tokens``: mints each kernel snapshot's and restore's downscoped credential
+        (``snapshot_tokens.DownscopedTokens`` on GKE, ``EmulatorTokens`` on fake-gcs-server;
+        None: requests carry none and no boundary is checked)."""
         self.cluster = cluster
         self.objects = objects
+        self.tokens = tokens
         self.watchers = list(watchers)
         self.bus = bus
         self.sidecars = sidecars
@@ -292,9 +304,22 @@ class Monitor:
         self._pending_requests[key] = {"pod": pod, "request": request}
         requestid = str(request.get("requestid") or "")
         if key not in self._asked:
-            answer = self.sidecars.post(pod, "/snapshots", {
+            body: dict[str, Any] = {
                 "snapshot_id": snapshot_id, "bucket": request.get("bucket"),
-                "prefix": request.get("prefix"), "base": request.get("base")})
+                "prefix": request.get("prefix"), "base": request.get("base")}
+            try:
+                credential = self._credential(ws, request, "snapshot")
+            except snapshot_access.OutsideWorkspace as exc:
+                self._finished(key, pod, snapshot_id, requestid, method="kernel",
+                               error=f"refused: {exc}")
+                self._pending_requests.pop(key, None)
+                return False
+            except Exception:  # the token exchange failed: ask again next pass
+                log.exception("no snapshot credential for %s yet", key)
+                return True
+            if credential is not None:
+                body["credential"] = credential
+            answer = self.sidecars.post(pod, "/snapshots", body)
             if answer is None:
                 return True  # the agent is not reachable yet: ask again next pass
             self._asked.add(key)
@@ -326,11 +351,25 @@ class Monitor:
         ws = _workspace_id(pod)
         ask_key = f"{key}-restore"
         if ask_key not in self._asked:
-            answer = self.sidecars.post(pod, "/restore", {
+            body: dict[str, Any] = {
                 "snapshot_id": request.get("snapshot_id"), "bucket": request.get("bucket"),
                 "prefix": request.get("prefix"),
                 "manifest_sha256": request.get("manifest_sha256"),
-                "device_arrays_to_cpu": bool(request.get("device_arrays_to_cpu"))})
+                "device_arrays_to_cpu": bool(request.get("device_arrays_to_cpu"))}
+            try:
+                credential = self._credential(ws, request, "restore")
+            except snapshot_access.OutsideWorkspace as exc:
+                self._publish(f"{ws}-failed-{requestid}", WorkspaceRuntimeFailed(
+                    ws, "resume", f"restoring the kernels was refused: {exc}",
+                    cause="restore_refused"), requestid)
+                self._reported.add(key)
+                return False
+            except Exception:
+                log.exception("no restore credential for %s yet", key)
+                return True
+            if credential is not None:
+                body["credential"] = credential
+            answer = self.sidecars.post(pod, "/restore", body)
             if answer is None:
                 return True
             self._asked.add(ask_key)
@@ -348,6 +387,18 @@ class Monitor:
                 cause=job.get("cause")), requestid)
             self._reported.add(key)
         return False
+
+    def _credential(self, ws: str, request: Mapping[str, Any],
+                    operation: snapshot_access.Operation) -> dict[str, Any] | None:
+        """The downscoped credential of one snapshot or restore of workspace ``ws``
+        (:class:`snapshot_access.OutsideWorkspace` for a prefix or base not its own)."""
+        if self.tokens is None:
+            return None
+        base = request.get("base") if operation == "snapshot" else None
+        rules = snapshot_access.boundary(
+            str(request.get("bucket") or ""), ws, str(request.get("prefix") or ""), operation,
+            base_prefix=str(base.get("prefix") or "") if isinstance(base, Mapping) else None)
+        return self.tokens.mint(rules)
 
     def _observe_pod_restore(self, pod: Mapping[str, Any], key: str, requestid: str) -> bool:
         ws = _workspace_id(pod)
@@ -562,11 +613,16 @@ def main() -> None:
     bus = PubSubPublisher(project, origin=MONITOR)
     sandboxes = SandboxWatch.from_environment(cluster, bus)
     jobs = JobWatch.from_environment(cluster, bus)
+    from runtime.kubernetes.snapshot_tokens import DownscopedTokens, EmulatorTokens
     from runtime.snapshot.storage import get_store
 
+    store = get_store()
+    # fake-gcs-server ignores authentication: the boundary is still built, no token is sent
+    tokens: SnapshotTokens = EmulatorTokens() if store.emulator_host else DownscopedTokens()
     monitor = Monitor(cluster, bus, sidecars, settings=settings,
                       idle_interval=float(os.environ.get("STASIS_MONITOR_IDLE_INTERVAL", "60")),
-                      watchers=[sandboxes, jobs, KueueWatch(cluster, bus)], objects=get_store())
+                      watchers=[sandboxes, jobs, KueueWatch(cluster, bus)], objects=store,
+                      tokens=tokens)
     stop = threading.Event()
     monitor.run(stop, watches=cluster.watches(monitor.wake))
 

@@ -9,14 +9,15 @@ NetworkPolicy lets only the monitor in), JSON in and out:
 
     GET  /healthz                 {"ok": true}
     GET  /activity                last_activity, busy_kernels, kernels, connections
-    POST /snapshots               {snapshot_id, bucket, prefix, base?} -> 202 (idempotent
-                                  per id; base: {prefix, manifest_sha256} of the snapshot
-                                  whose parts need not be sent again)
+    POST /snapshots               {snapshot_id, bucket, prefix, base?, credential?} -> 202
+                                  (idempotent per id; base: {prefix, manifest_sha256} of
+                                  the snapshot whose parts need not be sent again)
     GET  /snapshots/<id>          state (running, succeeded, failed), uri, bytes, duration_ms,
                                   captured, skipped, manifest_sha256, parts, uploaded_bytes,
                                   error
     POST /restore                 {snapshot_id, bucket, prefix, manifest_sha256,
-                                  device_arrays_to_cpu?} -> 202 (idempotent per id)
+                                  device_arrays_to_cpu?, credential?} -> 202 (idempotent
+                                  per id)
     GET  /restore                 state, snapshot_id, kernels_restored, restore_ms, error,
                                   cause (snapshot_integrity, restore_refused)
 
@@ -31,9 +32,17 @@ Snapshots and restores are ``runtime.local.snapshots.take_snapshot``, ``open_sna
 (the manifest must hash to the sha256 the control plane recorded, or nothing is read) and
 ``restore_snapshot``, the node agent's own orchestration, against the Jupyter server on
 127.0.0.1 (same pod, same network namespace) with the kernels' connection files from the
-shared ``JUPYTER_RUNTIME_DIR``. The kernel itself uploads to Cloud Storage with the pod's
-Workload Identity; the sidecar holds no credentials and publishes nothing: the monitor
-polls it and reports events, so no code in a workspace pod can publish to Pub/Sub.
+shared ``JUPYTER_RUNTIME_DIR``.
+
+Cloud Storage: the pod's own identity has no grant on the snapshot bucket. Each request
+carries ``credential: {token, expiry}``, a token the monitor minted for this one operation,
+downscoped to the workspace's own snapshot folder (``functions.domain.snapshot_access``);
+the sidecar (manifest, staging) and the kernel it drives (parts) use only it. Against real
+Cloud Storage (no ``STORAGE_EMULATOR_HOST``) a snapshot or restore without one is refused
+(403) before anything runs; fake-gcs-server ignores authentication, so the local stack and
+the K3s tests may leave it out. The sidecar keeps no credential of its own and publishes
+nothing: the monitor polls it and reports events, so no code in a workspace pod can publish
+to Pub/Sub.
 """
 
 from __future__ import annotations
@@ -84,8 +93,12 @@ class Agent:
     def __init__(self, *, workspace_id: str, client: Callable[[], Any], runtime_dir: Path,
                  take: Callable[..., Any] | None = None,
                  restore: Callable[..., Any] | None = None,
-                 timeout: float = SNAPSHOT_TIMEOUT_S) -> None:
+                 timeout: float = SNAPSHOT_TIMEOUT_S,
+                 require_credential: bool = False) -> None:
+        """``require_credential``: refuse a snapshot or restore whose request carries no
+        token (real Cloud Storage, where the pod's identity can do nothing itself)."""
         self.workspace_id = workspace_id
+        self.require_credential = require_credential
         self._client = client
         self.runtime_dir = runtime_dir
         self._take = take
@@ -107,37 +120,41 @@ class Agent:
                 "connections": int(status.get("connections") or 0)}
 
     def start_snapshot(self, snapshot_id: str, bucket: str, prefix: str,
-                       base: dict[str, Any] | None = None) -> Job:
+                       base: dict[str, Any] | None = None, *,
+                       access_token: str | None = None) -> Job:
         with self._lock:
             job = self.snapshots.get(snapshot_id)
             if job is not None and job.state != "failed":
                 return job
             job = self.snapshots[snapshot_id] = Job(snapshot_id)
-        threading.Thread(target=self._run_snapshot, args=(job, bucket, prefix, base),
+        threading.Thread(target=self._run_snapshot,
+                         args=(job, bucket, prefix, base, access_token),
                          name=f"snapshot-{snapshot_id}", daemon=True).start()
         return job
 
     def start_restore(self, snapshot_id: str, bucket: str, prefix: str, *,
                       manifest_sha256: str | None = None,
-                      device_arrays_to_cpu: bool = False) -> Job:
+                      device_arrays_to_cpu: bool = False,
+                      access_token: str | None = None) -> Job:
         with self._lock:
             job = self.restoring
             if job is not None and job.snapshot_id == snapshot_id and job.state != "failed":
                 return job
             job = self.restoring = Job(snapshot_id)
         threading.Thread(target=self._run_restore,
-                         args=(job, bucket, prefix, manifest_sha256, device_arrays_to_cpu),
+                         args=(job, bucket, prefix, manifest_sha256, device_arrays_to_cpu,
+                               access_token),
                          name=f"restore-{snapshot_id}", daemon=True).start()
         return job
 
     def _run_snapshot(self, job: Job, bucket: str, prefix: str,
-                      base: dict[str, Any] | None) -> None:
+                      base: dict[str, Any] | None, access_token: str | None) -> None:
         try:
             take = self._take or _default_take
             with self._client() as client:
                 outcome = take(client, self.runtime_dir, workspace_id=self.workspace_id,
                                snapshot_id=job.snapshot_id, bucket=bucket, prefix=prefix,
-                               timeout=self.timeout, base=base)
+                               timeout=self.timeout, base=base, access_token=access_token)
             job.result = {"uri": outcome.uri, "bytes": outcome.bytes,
                           "duration_ms": outcome.duration_ms, "captured": outcome.captured,
                           "skipped": outcome.skipped, "kernels": outcome.kernels,
@@ -149,14 +166,15 @@ class Agent:
             job.error, job.state = str(exc) or type(exc).__name__, "failed"
 
     def _run_restore(self, job: Job, bucket: str, prefix: str, manifest_sha256: str | None,
-                     device_arrays_to_cpu: bool) -> None:
+                     device_arrays_to_cpu: bool, access_token: str | None) -> None:
         try:
             restore = self._restore or _default_restore
             with self._client() as client:
                 outcome = restore(client, self.runtime_dir, bucket=bucket, prefix=prefix,
                                   timeout=self.timeout, snapshot_id=job.snapshot_id,
                                   manifest_sha256=manifest_sha256,
-                                  device_arrays_to_cpu=device_arrays_to_cpu)
+                                  device_arrays_to_cpu=device_arrays_to_cpu,
+                                  access_token=access_token)
             job.result = {"kernels_restored": outcome.kernels_restored,
                           "sessions_restored": outcome.sessions_restored,
                           "restore_ms": int((time.monotonic() - job.started) * 1000)}
@@ -167,18 +185,19 @@ class Agent:
             job.cause = getattr(exc, "cause", None)
 
 
-def _default_take(client: Any, runtime_dir: Path, **kwargs: Any) -> Any:
+def _default_take(client: Any, runtime_dir: Path, *, access_token: str | None,
+                  **kwargs: Any) -> Any:
     from runtime.local.snapshots import default_engine, take_snapshot
 
-    return take_snapshot(client, runtime_dir, engine=default_engine(), **kwargs)
+    return take_snapshot(client, runtime_dir, engine=default_engine(access_token), **kwargs)
 
 
 def _default_restore(client: Any, runtime_dir: Path, *, bucket: str, prefix: str,
                      timeout: float, snapshot_id: str, manifest_sha256: str | None,
-                     device_arrays_to_cpu: bool) -> Any:
+                     device_arrays_to_cpu: bool, access_token: str | None) -> Any:
     from runtime.local.snapshots import default_engine, open_snapshot, restore_snapshot
 
-    engine = default_engine()
+    engine = default_engine(access_token)
     manifest = open_snapshot(engine, bucket, prefix, snapshot_id=snapshot_id,
                              manifest_sha256=manifest_sha256)
     return restore_snapshot(client, runtime_dir, manifest, engine=engine, bucket=bucket,
@@ -213,9 +232,25 @@ def create_app(agent: Agent, token: str = "") -> Any:
             raise _BadRequest("send JSON with snapshot_id, bucket and prefix")
         return body
 
+    def _token(body: dict[str, Any]) -> str | None:
+        """The request's downscoped token; refused where one is required and missing."""
+        credential = body.get("credential")
+        token = credential.get("token") if isinstance(credential, dict) else None
+        if isinstance(token, str) and token:
+            return token
+        if agent.require_credential:
+            raise _Forbidden("a snapshot or restore against Cloud Storage needs the monitor's "
+                             "credential for this workspace's folder (credential.token); the "
+                             "pod's own identity has no grant on the bucket")
+        return None
+
     @app.errorhandler(_BadRequest)
     def _bad(exc: _BadRequest) -> Any:
         return jsonify({"error": str(exc)}), 400
+
+    @app.errorhandler(_Forbidden)
+    def _forbidden(exc: _Forbidden) -> Any:
+        return jsonify({"error": str(exc)}), 403
 
     @app.get("/healthz")
     def healthz() -> Any:
@@ -233,7 +268,8 @@ def create_app(agent: Agent, token: str = "") -> Any:
         body = _body()
         base = body.get("base")
         job = agent.start_snapshot(body["snapshot_id"], body["bucket"], body["prefix"],
-                                   base if isinstance(base, dict) else None)
+                                   base if isinstance(base, dict) else None,
+                                   access_token=_token(body))
         return jsonify(job.describe()), 202
 
     @app.get("/snapshots/<snapshot_id>")
@@ -249,7 +285,8 @@ def create_app(agent: Agent, token: str = "") -> Any:
         anchor = body.get("manifest_sha256")
         job = agent.start_restore(body["snapshot_id"], body["bucket"], body["prefix"],
                                   manifest_sha256=anchor if isinstance(anchor, str) else None,
-                                  device_arrays_to_cpu=body.get("device_arrays_to_cpu") is True)
+                                  device_arrays_to_cpu=body.get("device_arrays_to_cpu") is True,
+                                  access_token=_token(body))
         return jsonify(job.describe()), 202
 
     @app.get("/restore")
@@ -261,6 +298,10 @@ def create_app(agent: Agent, token: str = "") -> Any:
 
 
 class _BadRequest(ValueError):
+    pass
+
+
+class _Forbidden(PermissionError):
     pass
 
 
@@ -282,8 +323,11 @@ def agent_from_environment() -> Agent:
     def client() -> Any:
         return CodeServerClient(url) if vscode else JupyterClient(url, token)
 
+    # Real Cloud Storage: only the monitor's downscoped token may be used. fake-gcs-server
+    # ignores authentication.
     return Agent(workspace_id=os.environ.get("STASIS_WORKSPACE_ID", ""), client=client,
-                 runtime_dir=Path(os.environ.get("JUPYTER_RUNTIME_DIR", "/run/jupyter")))
+                 runtime_dir=Path(os.environ.get("JUPYTER_RUNTIME_DIR", "/run/jupyter")),
+                 require_credential=not os.environ.get("STORAGE_EMULATOR_HOST"))
 
 
 def main(argv: list[str] | None = None) -> None:

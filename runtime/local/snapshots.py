@@ -105,11 +105,27 @@ class Engine(Protocol):
     def delete_prefix(self, bucket: str, prefix: str) -> Any: ...
 
 
-def default_engine() -> Engine:
+def default_engine(access_token: str | None = None) -> Engine:
     """``runtime.snapshot`` bound as an Engine (imported on first use: the agent starts,
-    and answers status calls, without loading the storage client)."""
+    and answers status calls, without loading the storage client). ``access_token``: every
+    call, in this process and in the kernels, uses only that credential (the Kubernetes
+    sidecar's downscoped token for one operation)."""
     from runtime.snapshot import kernels, manifest
 
+    if access_token:
+        from functools import partial
+
+        from runtime.snapshot.storage import get_store
+
+        store = get_store(access_token=access_token)
+        return cast(Engine, SimpleNamespace(
+            snapshot_kernel=partial(kernels.snapshot_kernel, access_token=access_token),
+            restore_kernel=partial(kernels.restore_kernel, access_token=access_token),
+            stage_kernel=partial(kernels.stage_kernel, access_token=access_token),
+            write_manifest=partial(manifest.write_manifest, store=store),
+            read_manifest=partial(manifest.read_manifest, store=store),
+            delete_prefix=partial(manifest.delete_prefix, store=store),
+        ))
     engine = SimpleNamespace(
         snapshot_kernel=kernels.snapshot_kernel,
         restore_kernel=kernels.restore_kernel,

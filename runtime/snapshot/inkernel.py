@@ -83,6 +83,7 @@ def capture(
     deadline: float | None = None,
     progress: transfer.Progress | None = None,
     store: ObjectStore | None = None,
+    access_token: str | None = None,
 ) -> dict[str, Any]:
     """Store the user variables of ``namespace`` as parts of the workspace's pool (beside
     ``gs://bucket/prefix``) and return the kernel entry for the workspace manifest.
@@ -92,12 +93,13 @@ def capture(
     by writing the manifest last. Parts are content-addressed and may be shared, so a
     failed capture deletes none; parts no snapshot uses are the janitor's. ``deadline`` is
     epoch seconds; ``progress(done_bytes, total_bytes)`` is called from this thread.
+    ``access_token``: the only credential to use (the driver's downscoped token on GKE).
     """
     started = time.time()
     transfer.check_deadline(deadline, "capture did not start before its deadline")
     layout.check_kernel_id(kernel_id)
     pool = layout.pool_prefix(prefix)
-    store = store or get_store(emulator_host)
+    store = store or get_store(emulator_host, access_token=access_token)
 
     names = pickling.user_variables(namespace, _ipython_hidden(namespace))
     dump = pickling.dump_namespace(namespace, names)
@@ -201,6 +203,7 @@ def restore(
     progress: transfer.Progress | None = None,
     store: ObjectStore | None = None,
     staged: Sequence[str] | None = None,
+    access_token: str | None = None,
 ) -> dict[str, Any]:
     """Bring the variables of ``entry`` back into ``namespace``.
 
@@ -234,7 +237,7 @@ def restore(
         restored = list(staging.load(staged, sizes))
     else:
         restored = transfer.download_segments(
-            store or get_store(emulator_host),
+            store or get_store(emulator_host, access_token=access_token),
             bucket,
             entry["objects"],
             sizes,

@@ -108,6 +108,7 @@ def snapshot_kernel(
     part_bytes: int = layout.DEFAULT_PART_BYTES,
     reuse: Mapping[str, int] | None = None,
     streams: int | None = None,
+    access_token: str | None = None,
 ) -> dict[str, Any]:
     """Capture the kernel's user namespace into the part pool of the snapshot at
     ``gs://bucket/prefix`` (parts named in ``reuse``, digest -> bytes, are not sent again).
@@ -116,7 +117,8 @@ def snapshot_kernel(
     no manifest. ``timeout`` (seconds) covers waiting behind a busy cell plus the capture.
     ``progress(done_bytes, total_bytes)`` is called in this thread while parts upload.
     ``emulator_host`` defaults to this process's ``STORAGE_EMULATOR_HOST`` and is handed
-    to the kernel explicitly.
+    to the kernel explicitly, as is ``access_token`` (the only credential the kernel then
+    uses: on GKE the monitor's downscoped token for this snapshot).
     """
     layout.normalize_prefix(prefix)  # fail here, not in the kernel, on bad names
     layout.check_kernel_id(kernel_id)
@@ -129,6 +131,8 @@ def snapshot_kernel(
         "reuse": dict(reuse or {}),
         "streams": streams,
     }
+    if access_token:
+        args["access_token"] = access_token
     return _call(connection_file, "capture", args, timeout=timeout, progress=progress)
 
 
@@ -143,6 +147,7 @@ def restore_kernel(
     device_arrays_to_cpu: bool = False,
     streams: int | None = None,
     staged: list[str] | None = None,
+    access_token: str | None = None,
 ) -> dict[str, Any]:
     """Restore a kernel entry's variables into the kernel behind ``connection_file``.
 
@@ -163,6 +168,8 @@ def restore_kernel(
         "streams": streams,
         "staged": staged,
     }
+    if access_token:
+        args["access_token"] = access_token
     return _call(connection_file, "restore", args, timeout=timeout, progress=progress)
 
 
@@ -175,13 +182,15 @@ def stage_kernel(
     progress: Progress | None = None,
     emulator_host: str | None = None,
     uid: int | None = None,
+    access_token: str | None = None,
 ) -> list[str] | None:
     """Download a kernel entry ahead of its kernel, into files under ``directory``
     (:func:`staging.stage`, owned by ``uid`` when given): the paths for
     :func:`restore_kernel`'s ``staged``, or None when the entry is not staged (the kernel
     downloads it then)."""
     inkernel.check_entry(entry)
-    return staging.stage(get_store(emulator_host or emulator_from_env()), bucket, entry,
+    store = get_store(emulator_host or emulator_from_env(), access_token=access_token)
+    return staging.stage(store, bucket, entry,
                          Path(directory), deadline=time.time() + timeout, progress=progress,
                          uid=uid)
 

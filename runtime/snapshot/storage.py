@@ -16,6 +16,13 @@ every resume, while ipykernel has ``http.client`` loaded already. A part is sent
 from the memory views of the live arrays (``socket.sendall`` of each view, no copy) and
 received straight into the restore buffers.
 
+Credentials: the process's Application Default Credentials, or, given ``access_token``, only
+that token (``google.oauth2.credentials.Credentials``; on GKE the cluster monitor's downscoped
+token for one snapshot or restore, limited to the workspace's own folder, which the sidecar
+passes on to the kernel: ``functions.domain.snapshot_access``). A store with a token never
+falls back to the default credentials, and the bulk path sends it without importing
+google-auth in the kernel.
+
 Emulator: when ``emulator_host`` (or ``STORAGE_EMULATOR_HOST``) is set, requests go to it
 with anonymous credentials. The in-kernel code gets the host from the driver explicitly,
 so a kernel whose environment lacks the variable cannot silently talk to real GCS.
@@ -104,9 +111,11 @@ class ObjectStore:
         emulator_host: str | None = None,
         project: str | None = None,
         api_endpoint: str | None = None,
+        access_token: str | None = None,
     ) -> None:
         host = emulator_host or emulator_from_env()
         self.emulator_host = host
+        self.access_token = access_token or None
         self.project = project
         self.endpoint = _emulator_url(host) if host else (api_endpoint or _GCS_ENDPOINT).rstrip("/")
         self._credentials: Any = None
@@ -120,6 +129,10 @@ class ObjectStore:
                 from google.auth.credentials import AnonymousCredentials
 
                 self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+            elif self.access_token:
+                from google.oauth2.credentials import Credentials
+
+                self._credentials = Credentials(token=self.access_token)  # type: ignore[no-untyped-call]
             else:
                 import google.auth
                 from google.auth.exceptions import DefaultCredentialsError
@@ -154,6 +167,8 @@ class ObjectStore:
         emulator, so a kernel talking to it imports no auth library at all."""
         if self.emulator_host:
             return {}
+        if self.access_token:  # handed in for this operation: never refreshed here
+            return {"Authorization": f"Bearer {self.access_token}"}
         with self._lock:
             credentials = self._get_credentials()
             if not credentials.valid:
@@ -318,9 +333,26 @@ _STORES: dict[str | None, ObjectStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def get_store(emulator_host: str | None = None) -> ObjectStore:
-    """The process-wide :class:`ObjectStore` for an endpoint (built on first use)."""
+_TOKEN_STORES: dict[tuple[str | None, str], ObjectStore] = {}
+#: Stores kept per access token: one per operation in flight is plenty.
+_TOKEN_STORES_MAX = 8
+
+
+def get_store(emulator_host: str | None = None, *,
+              access_token: str | None = None) -> ObjectStore:
+    """The process-wide :class:`ObjectStore` for an endpoint (built on first use), or, with
+    ``access_token``, one that uses only that token."""
     host = emulator_host or emulator_from_env()
+    if access_token:
+        with _STORES_LOCK:
+            key = (host, access_token)
+            store = _TOKEN_STORES.get(key)
+            if store is None:
+                if len(_TOKEN_STORES) >= _TOKEN_STORES_MAX:
+                    _TOKEN_STORES.pop(next(iter(_TOKEN_STORES)))
+                store = _TOKEN_STORES[key] = ObjectStore(emulator_host=host,
+                                                         access_token=access_token)
+            return store
     with _STORES_LOCK:
         store = _STORES.get(host)
         if store is None:

@@ -124,7 +124,8 @@ def test_a_snapshot_runs_once_per_id_and_reports_its_outcome() -> None:
                     "parts": {"t/w/_parts/cd": 42}, "uploaded_bytes": 40}
     assert len(calls) == 1
     assert calls[0] == {"workspace_id": "ml-a--nb", "snapshot_id": "s1", "bucket": "b",
-                        "prefix": "p", "timeout": 900.0, "base": base}
+                        "prefix": "p", "timeout": 900.0, "base": base,
+                        "access_token": None}
     assert client.get("/snapshots/nope").status_code == 404
     assert client.post("/snapshots", json={"snapshot_id": "s2"}).status_code == 400
 
@@ -150,7 +151,7 @@ def test_restore() -> None:
     def restore(client: Any, runtime_dir: Path, **kwargs: Any) -> Any:
         assert kwargs == {"bucket": "b", "prefix": "p/s1", "timeout": 900.0,
                           "snapshot_id": "s1", "manifest_sha256": "ab" * 32,
-                          "device_arrays_to_cpu": True}
+                          "device_arrays_to_cpu": True, "access_token": None}
         return SimpleNamespace(kernels_restored=2, sessions_restored=1)
 
     client = monitor_client(agent(restore=restore))

@@ -44,9 +44,10 @@ def team_service_account(team: str, settings: ClusterSettings = ClusterSettings(
                          gcp_service_account: str | None = None) -> dict[str, Any]:
     """The team's shared identity, which job pods run as (each workspace pod runs as its
     own, ``workspace.workspace_service_account``). With Workload Identity it maps to a Google
-    service account that may write the team's snapshot prefix (the kernel agent uploads
-    from inside the kernel; Pod Snapshots use the pod's KSA, ``tokenSource: podKSA``). No
-    token is mounted: GKE's metadata server serves Workload Identity without one."""
+    service account; no pod identity may write a workspace's kernel snapshots (those use the
+    monitor's downscoped tokens, ``functions.domain.snapshot_access``), only the team's Pod
+    Snapshots (``tokenSource: podKSA``, the team's ``pod/`` folder). No token is mounted:
+    GKE's metadata server serves Workload Identity without one."""
     annotations = {ANN_TEAM_ID: team}
     if gcp_service_account:
         annotations[GKE_SERVICE_ACCOUNT] = gcp_service_account

@@ -213,8 +213,10 @@ def workspace_service_account(shape: WorkspaceShape,
     workspace and no other. No token is mounted by default.
 
     With Workload Identity (``gcp_service_account``) it maps to the team's Google service
-    account, as the team's KSA did: the snapshot sidecar in the same pod writes the team's
-    snapshot prefix with it (Pod Snapshots use the pod's KSA, ``tokenSource: podKSA``)."""
+    account, as the team's KSA did. Its Google identity holds no role on the workspaces'
+    snapshot folders: the sidecar and the kernel write kernel snapshots only with the token
+    the monitor mints for each one (``functions.domain.snapshot_access``); GKE writes Pod
+    Snapshots as it (``tokenSource: podKSA``), under the team's ``pod/`` folder only."""
     names = workspace_names(shape.team, shape.workspace_id, settings)
     annotations = workspace_annotations(shape)
     if gcp_service_account:
