@@ -5,8 +5,10 @@ HCL of ``terraform/modules/stasis/iam.tf``.
 principal holds on the bucket (whatever its condition says about object names, once it
 admits the bucket itself) lists every object name in it: other teams' workspace, snapshot
 and sandbox ids. The team's object role is therefore granted on a managed folder, the team's
-snapshot prefix, and nothing that names a team principal grants an object role on the bucket.
-(checkov over the whole tree runs in tests/unit/test_terraform.py.)
+Pod Snapshot folder, and nothing that names a team principal grants an object role on the
+bucket. Kernel snapshots are written with the monitor's downscoped tokens (issue 17 §5): no
+pod identity holds a role on the team's snapshot folder. (checkov over the whole tree runs
+in tests/unit/test_terraform.py.)
 """
 
 from __future__ import annotations
@@ -59,17 +61,49 @@ def test_no_team_principal_holds_an_object_role_on_the_bucket(
                            + ", ".join(offending))
 
 
-def test_each_team_reads_and_writes_its_own_managed_folder(
+def test_no_pod_identity_holds_a_role_on_a_teams_snapshot_folder(
         resources: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Issue 17 §5 on GKE: each workspace's identity may write only its own snapshot prefix.
+    No grant names the team principal (every KSA of the namespace) on the team's snapshot
+    folder; the monitor, whose downscoped tokens the sidecars use, holds the role there."""
     folder = resources[("google_storage_managed_folder", "team")]
     assert _text(folder["for_each"]) == "${var.kubernetes.teams}"
     assert _text(folder["name"]) == "${each.value.snapshot_prefix}"
-    grant = resources[("google_storage_managed_folder_iam_member", "team_objects")]
+    on_team_folder = {key: body for key, body in resources.items()
+                      if key[0] == "google_storage_managed_folder_iam_member"
+                      and "google_storage_managed_folder.team[" in _text(body["managed_folder"])}
+    assert on_team_folder, "nothing is granted on the team's snapshot folder"
+    members = {_text(body["member"]) for body in on_team_folder.values()}
+    assert members == {"${google_service_account.monitor.member}"}, members
+    grant = resources[("google_storage_managed_folder_iam_member", "monitor_snapshots")]
     assert _text(grant["for_each"]) == "${var.kubernetes.teams}"
-    assert _text(grant["managed_folder"]) == \
-        "${google_storage_managed_folder.team[each.key].name}"
-    assert _text(grant["member"]) == "${local.team_principal[each.key]}"
     assert _text(grant["role"]) == "roles/storage.objectUser"
+
+
+def test_the_team_principal_writes_only_its_pod_snapshots(
+        resources: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """GKE writes Pod Snapshots as the pod's KSA (tokenSource podKSA): that grant stays, on
+    the team's ``pod/`` folder only, which holds no workspace's kernel snapshots."""
+    from functions.domain.retention import POD_DIR
+
+    folder = resources[("google_storage_managed_folder", "team_pod")]
+    assert _text(folder["name"]) == "${each.value.snapshot_prefix}" + POD_DIR + "/"
+    team_grants = {key: body for key, body in resources.items()
+                   if TEAM_PRINCIPAL in _text(body.get("member") or body.get("members"))}
+    assert set(team_grants) == {
+        ("google_storage_managed_folder_iam_member", "team_pod_snapshots"),
+        ("google_storage_bucket_iam_member", "team_bucket")}, sorted(team_grants)
+    pod_grant = team_grants[("google_storage_managed_folder_iam_member", "team_pod_snapshots")]
+    assert _text(pod_grant["managed_folder"]) == \
+        "${google_storage_managed_folder.team_pod[each.key].name}"
+    assert _text(team_grants[("google_storage_bucket_iam_member", "team_bucket")]["role"]) == \
+        "roles/storage.bucketViewer"
+
+
+def test_the_token_exchange_api_is_enabled() -> None:
+    """Downscoping goes through the Security Token Service."""
+    services = (IAM.parents[1] / "project" / "variables.tf").read_text()
+    assert '"sts.googleapis.com"' in services
 
 
 def test_each_teams_prefix_is_a_folder_of_its_own() -> None:
@@ -84,8 +118,8 @@ def test_each_teams_prefix_is_a_folder_of_its_own() -> None:
 
 
 def test_the_team_principal_is_every_ksa_of_the_teams_namespace() -> None:
-    """Each workspace pod runs as its own KSA (issue 17 §3); its sidecar still writes the
-    team's snapshots, so the grant names the namespace's principalSet, not one KSA."""
+    """Each workspace pod runs as its own KSA (issue 17 §3); GKE writes the team's Pod
+    Snapshots as any of them, so that grant names the namespace's principalSet."""
     with IAM.open() as f:
         parsed = hcl2.load(f)
     principal = next(_text(b["team_principal"]) for b in parsed.get("locals", [])

@@ -25,5 +25,7 @@ variable "services" {
     "run.googleapis.com",
     "secretmanager.googleapis.com",
     "storage.googleapis.com",
+    # Security Token Service: the cluster monitor's downscoped snapshot tokens.
+    "sts.googleapis.com",
   ]
 }

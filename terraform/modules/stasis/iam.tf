@@ -51,17 +51,23 @@ resource "google_service_account_iam_member" "monitor_workload_identity" {
   member             = "serviceAccount:${module.gke.workload_pool}[${var.kubernetes.monitor.namespace}/${var.kubernetes.monitor.service_account}]"
 }
 
-# --- workspaces: each team's pods read and write their own team's snapshots only ---------------
-# Pod Snapshots (tokenSource podKSA) and the kernel agent both act as the pod's Kubernetes
-# service account: one per workspace (its identity at workspace_api), plus the team's for job
-# pods, all in the team's namespace, where only the control plane creates service accounts.
-# Workload Identity Federation lets IAM name every KSA of that namespace directly (a
-# principalSet, no Google service account). Its object role is granted on a managed folder, the team's snapshot prefix, not on
-# the bucket: storage.objects.list is checked against the bucket, so a bucket-level grant (even
-# one conditioned on resource.name) lets it list every object name in the bucket, other teams'
-# workspace, snapshot and sandbox ids included. On a managed folder the same role lists only
-# what is under that folder (a list request must name the prefix), and reads and writes only
-# there. The bucket-level role below is bucketViewer (the bucket's metadata, no object names).
+# --- workspaces: no pod identity writes a workspace's snapshots ---------------------------------
+# Kernel snapshots (method kernel) are written by the sidecar and the kernel with a token the
+# cluster monitor mints for that one snapshot or restore: its own credential, downscoped by a
+# Credential Access Boundary to the workspace's own folder, snapshots/<team>/<workspace>/
+# (functions/domain/snapshot_access.py). A boundary only takes permissions away, so the monitor
+# holds objectUser on every team's snapshot folder (below), and the workspace pods' identities
+# hold nothing there: a teammate's kernel cannot write another workspace's snapshots. The token
+# exchange (Security Token Service, enabled in modules/project) needs no role of its own.
+#
+# The one exception is GKE's Pod Snapshots (method pod, tokenSource podKSA): GKE writes them as
+# the pod's Kubernetes service account, under the team's snapshots/<team>/pod/ only. Workload
+# Identity Federation names every KSA of the team's namespace directly (a principalSet, no
+# Google service account); its object role is on that managed folder, not on the bucket:
+# storage.objects.list is checked against the bucket, so a bucket-level grant (even one
+# conditioned on resource.name) would list every object name in it, other teams' workspace,
+# snapshot and sandbox ids included. The bucket-level role below is bucketViewer (the bucket's
+# metadata, no object names).
 locals {
   team_principal = {
     for team, t in var.kubernetes.teams : team =>
@@ -76,11 +82,31 @@ resource "google_storage_managed_folder" "team" {
   name   = each.value.snapshot_prefix
 }
 
-resource "google_storage_managed_folder_iam_member" "team_objects" {
+# What the monitor's downscoped tokens may use: read and write the team's snapshots.
+resource "google_storage_managed_folder_iam_member" "monitor_snapshots" {
   for_each = var.kubernetes.teams
 
   bucket         = module.storage.snapshot_bucket
   managed_folder = google_storage_managed_folder.team[each.key].name
+  role           = "roles/storage.objectUser"
+  member         = google_service_account.monitor.member
+}
+
+# GKE's Pod Snapshots of the team's pods (retention.POD_DIR).
+resource "google_storage_managed_folder" "team_pod" {
+  for_each = var.kubernetes.teams
+
+  bucket = module.storage.snapshot_bucket
+  name   = "${each.value.snapshot_prefix}pod/"
+
+  depends_on = [google_storage_managed_folder.team]
+}
+
+resource "google_storage_managed_folder_iam_member" "team_pod_snapshots" {
+  for_each = var.kubernetes.teams
+
+  bucket         = module.storage.snapshot_bucket
+  managed_folder = google_storage_managed_folder.team_pod[each.key].name
   role           = "roles/storage.objectUser"
   member         = local.team_principal[each.key]
 }
