@@ -38,6 +38,7 @@ from functions.kubernetes.workspaces import KubernetesRuntime
 from functions.ports import WorkspaceSpec
 from runtime.kubernetes.cluster import KubeCluster
 from runtime.kubernetes.monitor import Monitor, ProxySidecars
+from runtime.kubernetes.snapshot_tokens import EmulatorTokens
 from runtime.local.publisher import RecordingPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +173,7 @@ def test_kernel_snapshot_pause_and_resume_on_k3s(k3s_api: Any) -> None:
     runtime = KubernetesRuntime(k3s_api, settings=settings, catalog=lambda: catalog)
     bus = RecordingPublisher()
     monitor = Monitor(KubeCluster(k3s_api), bus, ProxySidecars(k3s_api), settings=settings,
-                      clock=lambda: datetime.now(UTC))
+                      clock=lambda: datetime.now(UTC), tokens=EmulatorTokens())
     ws = "ml-a--k3s"
 
     def spec(requestid: str) -> WorkspaceSpec:

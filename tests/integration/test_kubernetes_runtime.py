@@ -122,8 +122,12 @@ def monitor(cluster: EmulatedCluster, bus: RecordingPublisher, sidecars: FakeSid
             clock: Clock) -> Monitor:
     from datetime import UTC, datetime
 
+    from runtime.kubernetes.snapshot_tokens import EmulatorTokens
+
+    # as the monitor runs against fake-gcs-server: every request's boundary is built
     return Monitor(KubeCluster(cluster.api_client), bus, sidecars,
-                   clock=lambda: datetime.fromtimestamp(clock.now, UTC))
+                   clock=lambda: datetime.fromtimestamp(clock.now, UTC),
+                   tokens=EmulatorTokens())
 
 
 def spec_for(name: str, profile: str, *, team: str = "ml-a", requestid: str | None = None,
