@@ -70,6 +70,7 @@ from runtime.local.servers import ServerError, ServerLaunch, ServerProcess, Serv
 from runtime.local.settings import AgentSettings, workspace_key
 from runtime.local.snapshots import Engine, SnapshotFailed
 from runtime.local.state import AgentLock, Operation, StateFile, WorkspaceRecord
+from runtime.local.uids import HostUids, UidTaken
 from runtime.local.warm import WarmPool, targets_of
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,11 @@ class NodeAgent:
         base_env: Mapping[str, str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         isolation: tenancy.Tenancy | None = None,
+        uids: HostUids | None = None,
     ) -> None:
         self.settings = settings
+        #: Host-wide leases of the workspace users' uids (``runtime.local.uids``).
+        self._uids = uids or HostUids(settings.data_dir)
         self.publisher = publisher
         self._engine = engine
         self._capabilities = dict(capabilities) if capabilities is not None else None
@@ -698,6 +702,11 @@ class NodeAgent:
             home = self.settings.home(workspace_id)
             if not keep_home and home.exists():
                 shutil.rmtree(home)
+            if not keep_home and self._tenancy is not None and self._tenancy.users:
+                # A kept home keeps its owner's uid leased: no other agent may get it.
+                for uid, key in self._uids.held().items():
+                    if key == _uid_key(workspace_id):
+                        self._uids.release(uid, key)
             return {
                 "workspace_id": workspace_id,
                 "known": record is not None,
@@ -807,13 +816,19 @@ class NodeAgent:
                               f"a user of its own, which this node cannot give: {why}")
             return None
         record = self._records.get(workspace_id)
-        if record is not None and record.uid is not None:
-            return record.uid
-        taken = {r.uid for wsid, r in self._records.items()
-                 if wsid != workspace_id and r.uid is not None}
-        taken |= tenancy.home_owners(self.settings.homes_dir) - {
-            _owner(self.settings.home(workspace_id))}
-        return tenancy.allocate(workspace_id, self.settings.home(workspace_id), taken)
+        key = _uid_key(workspace_id)
+        try:
+            if record is not None and record.uid is not None:
+                self._uids.hold(record.uid, key)
+                return record.uid
+            taken = {r.uid for wsid, r in self._records.items()
+                     if wsid != workspace_id and r.uid is not None}
+            taken |= tenancy.home_owners(self.settings.homes_dir) - {
+                _owner(self.settings.home(workspace_id))}
+            return self._uids.claim(key, tenancy.candidates(self.settings.home(workspace_id),
+                                                            taken))
+        except UidTaken as exc:
+            raise Refused(f"no user of its own for {workspace_id} on this host: {exc}") from exc
 
     def _start_server(
         self, record: WorkspaceRecord, operation: Operation, launch: ServerLaunch
@@ -1038,6 +1053,11 @@ def parse_spec(workspace_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _ms_since(began: float) -> int:
     return int((time.monotonic() - began) * 1000)
+
+
+def _uid_key(workspace_id: str) -> str:
+    """What a workspace's host-wide uid lease is held for."""
+    return f"workspace:{workspace_id}"
 
 
 def _owner(path: Any) -> int | None:

@@ -46,6 +46,9 @@ a task as root). RLIMIT_NPROC applies always.
   task's tools must then be readable by others (/usr/bin; not a Python under /root), and
   sandbox directories live where others can traverse (``sandbox_root``). An agent running
   as a normal user runs sandboxes as that user, in a user namespace for the network.
+  The uid is leased host-wide (``runtime.local.uids``) before it is given: no other agent on
+  the host gives it (nor kills its processes at its own clean-up) while the sandbox is live;
+  the leases of this agent's sandboxes that ended are given up at its next sandbox start.
 
 Idle suspension (``limits.idle_seconds``): the monitor holds an idle task and writes
 ``suspended.json``; the agent's watcher publishes it as sandbox.suspended, once per
@@ -81,7 +84,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 from flask import Blueprint, Flask, jsonify, request
 
 from events import SandboxFinished, SandboxSuspended, crashpoints, new_event
@@ -90,6 +92,7 @@ from runtime.local.node import BadRequest, NotFound, Refused
 from runtime.local.publisher import Publisher
 from runtime.local.sandbox_task import DISK_BYTES, EXEC_PATH, reachable_by_others
 from runtime.local.settings import AgentSettings
+from runtime.local.uids import HostUids, UidTaken
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +310,7 @@ class SandboxRunner:
         environ: Mapping[str, str] | None = None,
         python: str = sys.executable,
         recover: bool = True,
+        uids: HostUids | None = None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -316,6 +320,7 @@ class SandboxRunner:
         self.root = root or sandbox_root(settings, self.isolation, self.environ)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
+        self._uids = uids or HostUids(self.root)
         self._lock = threading.RLock()
         self._threads: list[threading.Thread] = []
         log.info("sandboxes in %s; isolation: %s", self.root, self.isolation.detail)
@@ -358,7 +363,7 @@ class SandboxRunner:
     def _decisions(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """How this sandbox is isolated on this host (recorded in its spec)."""
         allowed = list(spec["allowed_network"])
-        uid = self._free_uid() if self.isolation.separate_users else None
+        uid = self._free_uid(spec["sandbox_id"]) if self.isolation.separate_users else None
         path = self.environ.get("PATH") or FALLBACK_PATH
         if uid is not None:
             path = ":".join(p for p in path.split(":") if reachable_by_others(p)) or \
@@ -389,19 +394,21 @@ class SandboxRunner:
             paths.append(Path(sys.prefix))
         return sorted({str(Path(p).resolve()) for p in paths})
 
-    def _free_uid(self) -> int:
+    def _free_uid(self, sandbox_id: str) -> int:
+        """A uid no live sandbox of this agent has, no process on the host runs as and no
+        other agent on the host holds, leased to ``sandbox_id``."""
         with self._lock:
-            taken = {self._spec(d.name).get("uid") for d in self._dirs()
-                     if self._state(d.name) in _LIVE}
-            live = set()
-            for proc in psutil.process_iter(["uids"]):
-                with contextlib.suppress(psutil.Error, TypeError):
-                    live.add(proc.info["uids"].real)
-            for n in range(UID_COUNT - 1):
-                uid = UID_BASE + n
-                if uid not in taken and uid not in live:
-                    return uid
-        raise Refused("no free sandbox user left on this node")
+            live_ids = {d.name for d in self._dirs() if self._state(d.name) in _LIVE}
+            for uid, key in self._uids.held().items():
+                if key.startswith("sandbox:") and key.removeprefix("sandbox:") not in live_ids:
+                    self._uids.release(uid, key)
+            taken = {self._spec(name).get("uid") for name in live_ids}
+            candidates = (UID_BASE + n for n in range(UID_COUNT - 1)
+                          if UID_BASE + n not in taken)
+            try:
+                return self._uids.claim(f"sandbox:{sandbox_id}", candidates)
+            except UidTaken:
+                raise Refused("no free sandbox user left on this node") from None
 
     def _launch(self, spec: Mapping[str, Any]) -> None:
         directory = self.root / spec["sandbox_id"]

@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,18 +107,27 @@ def required_by(spec: Mapping[str, Any]) -> list[str]:
     return [str(item) for item in found] if isinstance(found, list) else []
 
 
-def allocate(workspace_id: str, home: Path, taken: Iterable[int]) -> int:
-    """The uid of a workspace that has none recorded: its home's owner when that is a uid
-    of the range no other workspace holds (a home kept across a destroy), else the lowest
-    free one. ``taken``: the uids of the other workspaces and of every home."""
+def candidates(home: Path, taken: Iterable[int]) -> Iterator[int]:
+    """The uids a workspace that has none recorded may get, best first: its home's owner
+    when that is a uid of the range no other workspace holds (a home kept across a
+    destroy), then every free one from the lowest. ``taken``: the uids of the other
+    workspaces and of every home. The agent claims the first one no other agent on the
+    host holds (``runtime.local.uids``)."""
     held = set(taken)
+    owner = None
     with contextlib.suppress(OSError):
         owner = home.stat().st_uid
         if UID_BASE <= owner < PROBE_UID and owner not in held:
-            return owner
+            yield owner
     for uid in range(UID_BASE, PROBE_UID):
-        if uid not in held:
-            return uid
+        if uid not in held and uid != owner:
+            yield uid
+
+
+def allocate(workspace_id: str, home: Path, taken: Iterable[int]) -> int:
+    """The first of :func:`candidates` (what this agent alone would give)."""
+    for uid in candidates(home, taken):
+        return uid
     raise RuntimeError(f"{workspace_id}: every uid from {UID_BASE} to {PROBE_UID} is taken")
 
 
