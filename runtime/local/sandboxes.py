@@ -48,7 +48,8 @@ a task as root). RLIMIT_NPROC applies always.
   as a normal user runs sandboxes as that user, in a user namespace for the network.
   The uid is leased host-wide (``runtime.local.uids``) before it is given: no other agent on
   the host gives it (nor kills its processes at its own clean-up) while the sandbox is live;
-  the leases of this agent's sandboxes that ended are given up at its next sandbox start.
+  it is given up when the sandbox's result is reported (and any lease of a sandbox that is
+  no longer live, at the agent's next sandbox start).
 
 Idle suspension (``limits.idle_seconds``): the monitor holds an idle task and writes
 ``suspended.json``; the agent's watcher publishes it as sandbox.suspended, once per
@@ -469,6 +470,10 @@ class SandboxRunner:
             spec = self._spec(sandbox_id)
             event = new_event(payload, source=self.settings.event_source,
                               requestid=spec.get("requestid"))
+            if isinstance(spec.get("uid"), int):
+                # It ended: its uid may go to another (a process still running as it keeps
+                # it from any claim anyway).
+                self._uids.release(spec["uid"], f"sandbox:{sandbox_id}")
         crashpoints.reach("sandbox.result_uploaded")
         for attempt in range(3):
             try:

@@ -143,3 +143,28 @@ def test_a_sandbox_gets_no_uid_another_agent_holds(tmp_path: Path) -> None:
     # s1 never ran (no directory, so not live): its lease goes back at the next start
     assert runner._free_uid("s2") == first
     assert leases.held() == {first: "sandbox:s2"}
+
+
+def test_a_sandbox_gives_its_uid_up_when_its_result_is_reported(tmp_path: Path) -> None:
+    import json
+
+    from runtime.local import sandboxes
+    from runtime.local.publisher import RecordingPublisher
+    from runtime.local.settings import AgentSettings
+
+    boxes = tmp_path / "sandboxes"
+    leases = HostUids(boxes, tmp_path / "uids", in_use=nobody_runs)
+    bus = RecordingPublisher()
+    runner = sandboxes.SandboxRunner(
+        AgentSettings(data_dir=tmp_path / "data"), bus,
+        isolation=sandboxes.Isolation(network=False, separate_users=True, detail="test"),
+        root=boxes, recover=False, uids=leases)
+    uid = runner._free_uid("sb-one")
+    (boxes / "sb-one").mkdir()
+    (boxes / "sb-one" / "spec.json").write_text(json.dumps({"sandbox_id": "sb-one", "uid": uid}))
+    (boxes / "sb-one" / "result.json").write_text(json.dumps(
+        {"sandbox_id": "sb-one", "succeeded": True, "termination": "exited", "network": "none"}))
+    assert leases.held() == {uid: "sandbox:sb-one"}
+    runner._report("sb-one")
+    assert bus.names() == ["sandbox.finished"]
+    assert leases.held() == {}
