@@ -105,10 +105,11 @@ def apply(settings: Settings, config: Any, *, actor: str, source: str = "") -> d
 def push_warm_pools(
     settings: Settings, environments: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    """Tell the local node agent, when one runs, how many warm servers each environment
-    wants (``environments[].warm_pool``); None when no agent answers (the next `stasis up`
-    tells a restarted one)."""
-    body = {"environments": [{k: e[k] for k in ("id", "python", "warm_pool") if k in e}
+    """Tell the local node agent, when one runs, how many warm servers and kernels each
+    environment wants (``environments[].warm_pool``, ``warm_kernels``); None when no agent
+    answers (the next `stasis up` tells a restarted one)."""
+    body = {"environments": [{k: e[k] for k in ("id", "python", "warm_pool", "warm_kernels")
+                              if k in e}
                              for e in environments]}
     try:
         response = requests.put(f"{settings.node_agent_url}/pools", json=body,

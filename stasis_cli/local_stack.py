@@ -128,6 +128,10 @@ def status(as_json: bool) -> None:
                 click.echo(f"{'':<11} warm pool: " + (", ".join(
                     f"{env} {p['waiting']}/{p['size']}" for env, p in pools.items()
                 ) or "none (environments[].warm_pool is 0)"))
+                kernels = (view["warm_pools"].get("kernels") or {}).get("environments") or {}
+                if any(p["size"] for p in kernels.values()):
+                    click.echo(f"{'':<11} warm kernels: " + ", ".join(
+                        f"{env} {p['waiting']}/{p['size']}" for env, p in kernels.items()))
         click.echo(f"HTTP functions on {settings.functions_url} (exposure when deployed):")
         for name, http in view["endpoints"].items():
             click.echo(f"  {name:<12} {http['url']:<42} {http['exposure']}"

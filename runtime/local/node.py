@@ -51,7 +51,7 @@ from events import (
     to_pubsub,
 )
 from events.payloads import WORKSPACE_SEPARATOR
-from runtime.local import servers, snapshots, tenancy
+from runtime.local import servers, snapshots, tenancy, userenv
 from runtime.local.gpu import GpuProbe
 from runtime.local.host import (
     ProfileError,
@@ -71,7 +71,7 @@ from runtime.local.settings import AgentSettings, workspace_key
 from runtime.local.snapshots import Engine, SnapshotFailed
 from runtime.local.state import AgentLock, Operation, StateFile, WorkspaceRecord
 from runtime.local.uids import HostUids, UidTaken
-from runtime.local.warm import WarmPool, targets_of
+from runtime.local.warm import KERNEL_ENV, WarmPool, targets_of
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +166,12 @@ class NodeAgent:
         self._timers: list[threading.Timer] = []
         self._started = False
         self._gpu = GpuProbe()
+        base_env = self._base_env if self._base_env is not None else dict(os.environ)
         self._pool = WarmPool(log_dir=settings.data_dir / "logs" / "warm",
-                              base_env=self._base_env if self._base_env is not None
-                              else dict(os.environ), repo_root=settings.repo_root)
+                              base_env=base_env, repo_root=settings.repo_root)
+        self._kernel_pool = WarmPool(log_dir=settings.data_dir / "logs" / "warm-kernels",
+                                     base_env=base_env, repo_root=settings.repo_root,
+                                     module="runtime.local.prekernel", env_allow=KERNEL_ENV)
 
     # -- life of the agent ---------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class NodeAgent:
                 timer.cancel()
             self._timers.clear()
         self._pool.close()
+        self._kernel_pool.close()
         self._lock_file.release()
         self._started = False
 
@@ -328,24 +332,30 @@ class NodeAgent:
     # -- warm pool -----------------------------------------------------------------------
 
     def pools(self) -> dict[str, Any]:
-        """The warm pool: per environment its wanted size and the servers waiting."""
-        return self._pool.status()
+        """The warm pools: per environment its wanted size and the servers waiting, and
+        the same of the warm kernels (``kernels``)."""
+        return {**self._pool.status(), "kernels": self._kernel_pool.status()}
 
     def set_pools(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """``{"environments": [{"id", "python", "warm_pool"}, ...]}`` (the catalog's):
-        keep that many warm servers per environment (0 stops its pool)."""
+        """``{"environments": [{"id", "python", "warm_pool", "warm_kernels"}, ...]}`` (the
+        catalog's): keep that many warm servers, and kernels, per environment (0 stops
+        its pool)."""
         environments = body.get("environments")
         if not isinstance(environments, list) or not all(
                 isinstance(e, Mapping) for e in environments):
             raise BadRequest("environments must be a list of environment objects")
         for environment in environments:
-            size = environment.get("warm_pool", 0)
-            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 16:
-                raise BadRequest(f"environment {environment.get('id')!r}: warm_pool must be "
-                                 f"an integer from 0 to 16, got {size!r}")
+            for name in ("warm_pool", "warm_kernels"):
+                size = environment.get(name, 0)
+                if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 16:
+                    raise BadRequest(f"environment {environment.get('id')!r}: {name} must "
+                                     f"be an integer from 0 to 16, got {size!r}")
         self._pool.configure(targets_of(environments, servers.resolve_python))
+        self._kernel_pool.configure(targets_of(environments, servers.resolve_python,
+                                               "warm_kernels"))
         self._pool.refill()
-        return self._pool.status()
+        self._kernel_pool.refill()
+        return self.pools()
 
     # -- provision -----------------------------------------------------------------------
 
@@ -874,18 +884,28 @@ class NodeAgent:
         raise AssertionError("unreachable")
 
     def _adopt_or_spawn(self, record: WorkspaceRecord, launch: ServerLaunch) -> ServerProcess:
-        """A warm server of the workspace's environment made its own, else a cold start."""
+        """A warm server of the workspace's environment made its own, else a cold start;
+        and a warm kernel of the environment handed over for the server's first kernel."""
         environment = (record.spec or {}).get("environment") or {}
-        warm = (self._pool.take(str(environment.get("id") or ""), launch.python)
+        env_id = str(environment.get("id") or "")
+        warm = (self._pool.take(env_id, launch.python)
                 if launch.ide == "jupyterlab" else None)
+        server = None
         if warm is not None:
             try:
                 server = servers.adopt(warm, launch)
                 log.info("%s: adopted warm server pid %d", record.workspace_id, warm.pid)
-                return server
             except ServerStartError as exc:
                 log.warning("%s: %s; starting cold", record.workspace_id, exc)
-        return servers.spawn(launch)
+        if server is None:
+            server = servers.spawn(launch)
+        kernel = (self._kernel_pool.take(env_id, launch.python)
+                  if launch.ide == "jupyterlab" and userenv.claims_warm_kernels(launch.home)
+                  else None)
+        if kernel is not None:
+            servers.hand_kernel(kernel, launch, server)
+            log.info("%s: handed warm kernel pid %d over", record.workspace_id, kernel.pid)
+        return server
 
     def _end(
         self, record: WorkspaceRecord, operation: Operation, *, server_gone: bool = False,
@@ -901,6 +921,7 @@ class NodeAgent:
         PROVISIONING for the reconciler. The warm pool refills afterwards, so its warming
         never slows this operation."""
         self._pool.refill(delay=_REFILL_DELAY)
+        self._kernel_pool.refill(delay=_REFILL_DELAY)
         with self._lock:
             if record.operation is not operation:
                 return False

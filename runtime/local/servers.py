@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -106,6 +107,9 @@ class ServerProcess:
     #: The path the server serves under (JupyterLab's base_url; "" for code-server, and
     #: for servers started before base paths).
     base_path: str = ""
+    #: Warm kernels handed to this start (``hand_kernel``): [pid, create_time] each. They
+    #: are the agent's children, not the server's, so a stop collects them by these.
+    kernels: list[list[float]] = field(default_factory=list)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -153,6 +157,7 @@ class ServerProcess:
             "python": self.python,
             "ide": self.ide,
             "base_path": self.base_path,
+            "kernels": self.kernels,
         }
 
     @classmethod
@@ -170,6 +175,7 @@ class ServerProcess:
             python=str(data.get("python", "")),
             ide=str(data.get("ide", "jupyterlab")),
             base_path=str(data.get("base_path", "")),
+            kernels=[[int(k[0]), float(k[1])] for k in data.get("kernels") or []],
         )
 
 
@@ -368,6 +374,39 @@ def adopt(warm: WarmServer, launch: ServerLaunch) -> ServerProcess:
                    port=port, token=token, marker=marker)
 
 
+def hand_kernel(warm: WarmServer, launch: ServerLaunch, server: ServerProcess) -> None:
+    """Make a warm kernel (``runtime.local.prekernel``) this workspace's, for its server's
+    first kernel: hand it, once, the workspace's log, runtime dir, home, limits and user
+    (its environment meanwhile: the home and the user's name only; the kernel's own comes
+    with its claim). Recorded in ``server.kernels`` so a stop ends it; reaped by a thread
+    of the agent (its parent) when it ends. On failure it is stopped and nothing else
+    changes: the server's first kernel starts cold."""
+    env = {"HOME": str(launch.home), "PATH": os.defpath}
+    if launch.uid is not None:
+        env.update(tenancy.user_env(launch.uid))
+    order = {
+        "log": str(launch.log_path),
+        "runtime_dir": str(launch.runtime_dir),
+        "cwd": str(launch.home),
+        "env": env,
+        "memory_bytes": launch.limits.memory_bytes,
+        "cpus": list(launch.limits.cpus) if launch.limits.cpus else None,
+        "uid": launch.uid,
+    }
+    try:
+        assert warm.popen.stdin is not None
+        warm.popen.stdin.write(json.dumps(order).encode() + b"\n")
+        warm.popen.stdin.close()
+    except (OSError, ValueError) as exc:
+        log.warning("%s: the warm kernel %d could not take the hand-over: %s",
+                    launch.workspace_id, warm.pid, exc)
+        warm.stop()
+        return
+    server.kernels.append([warm.pid, warm.create_time])
+    threading.Thread(target=warm.popen.wait, name=f"reap-kernel-{warm.pid}",
+                     daemon=True).start()
+
+
 def _prepare(launch: ServerLaunch) -> tuple[ServerLaunch, str, str, int]:
     """The home, its venv and the private runtime dir made; the launch on the home's venv
     (a pip install lands in the home: ``runtime.local.userenv``, whose kernel spec makes a
@@ -468,7 +507,10 @@ def _tree(server: ServerProcess) -> list[psutil.Process]:
     """Live processes that belong to this start of the server: its group and descendants,
     and every process whose environment carries this start's marker (kernels, which
     jupyter_client starts in sessions of their own, and their children)."""
-    return _marked(server.marker, supervisor.process_tree(server.pid, server.create_time))
+    found = supervisor.process_tree(server.pid, server.create_time)
+    for pid, create_time in server.kernels:
+        found += supervisor.process_tree(int(pid), create_time)
+    return _marked(server.marker, found)
 
 
 def _marked(marker: str, found: list[psutil.Process]) -> list[psutil.Process]:

@@ -360,10 +360,15 @@ class Staging:
         if uid is not None:  # the workspace's own kernel maps and unlinks the files
             os.chown(self.directory, uid, uid)
         self._pool = ThreadPoolExecutor(1, "stasis-staging")
-        for kernel in kernels:
+        for index, kernel in enumerate(kernels):
+            # A directory per kernel: every entry's files are segment-0, segment-1, ...
+            own = self.directory / f"kernel-{index}"
+            own.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(own, uid, uid)
             self.futures[str(kernel.get("kernel_id"))] = self._pool.submit(
                 engine.stage_kernel, dict(kernel.get("entry") or {}), bucket=bucket,
-                directory=str(self.directory), timeout=timeout, progress=progress, uid=uid)
+                directory=str(own), timeout=timeout, progress=progress, uid=uid)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -39,6 +39,8 @@ VENV = ".venv"
 _LAYER = "stasis-environment.pth"
 #: What the layer was made from: a start on the same environment runs no subprocess.
 _STAMP = "stasis-layer.json"
+#: The kernel provisioner that claims a warm kernel (pyproject's entry point).
+PROVISIONER = "stasis-warm"
 _PIP = "#!{python}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
 
 
@@ -70,7 +72,8 @@ def ensure(home: Path, base_python: str, uid: int | None = None) -> UserEnv:
     if python.exists() and stamp.exists():
         with contextlib.suppress(ValueError, OSError):
             recorded = json.loads(stamp.read_text())
-            if recorded.get("base") == base_python:  # a resume: nothing to run
+            if recorded.get("base") == base_python and "provisioner" in recorded:
+                # a resume: nothing to run
                 base = recorded
     if base is None:
         base = {"base": base_python, **_describe(base_python, uid)}
@@ -90,15 +93,25 @@ def ensure(home: Path, base_python: str, uid: int | None = None) -> UserEnv:
         made += [Path(own[0]) / _LAYER, stamp]
     # The home's own kernel spec comes first on JUPYTER_PATH: a server on another
     # interpreter (a warm one, runtime.local.warm) still starts kernels on the venv.
+    # Its provisioner claims the warm kernel the agent handed over, when there is one
+    # (runtime.local.kernel_provisioner), and starts cold otherwise; named only where the
+    # environment's interpreter has it (jupyter_client refuses a spec naming a missing one).
     spec_dir = venv / "share" / "jupyter" / "kernels" / "python3"
-    if not (spec_dir / "kernel.json").exists():
+    metadata: dict[str, Any] = {"debugger": True}
+    if base.get("provisioner"):
+        metadata["kernel_provisioner"] = {"provisioner_name": PROVISIONER}
+    spec = json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)", "language": "python", "metadata": metadata})
+    kernel_json = spec_dir / "kernel.json"
+    with contextlib.suppress(OSError):
+        if kernel_json.read_text() == spec:
+            spec = ""
+    if spec:
         spec_dir.mkdir(parents=True, exist_ok=True)
-        (spec_dir / "kernel.json").write_text(json.dumps({
-            "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (ipykernel)", "language": "python",
-            "metadata": {"debugger": True}}))
+        kernel_json.write_text(spec)
         made += [venv / "share", venv / "share" / "jupyter", spec_dir.parent, spec_dir,
-                 spec_dir / "kernel.json"]
+                 kernel_json]
     if uid is not None:  # what this process wrote is the user's too
         for path in made:
             os.lchown(path, uid, uid)
@@ -108,10 +121,24 @@ def ensure(home: Path, base_python: str, uid: int | None = None) -> UserEnv:
         "JUPYTERLAB_DIR": str(data / "lab")})
 
 
+def claims_warm_kernels(home: Path) -> bool:
+    """Whether the home's kernel spec names the warm-kernel provisioner (a warm kernel
+    handed to this workspace would be claimed)."""
+    try:
+        spec = json.loads((venv_dir(home) / "share" / "jupyter" / "kernels" / "python3"
+                           / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return False
+    named = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
+    return bool(named.get("provisioner_name") == PROVISIONER)
+
+
 def _describe(python: str, uid: int | None = None) -> dict[str, Any]:
     """An interpreter's prefix and site-packages directories (its venv's, if in one)."""
-    out = _run([python, "-c", "import json, site, sys; "
-                "print(json.dumps({'prefix': sys.prefix, 'site': site.getsitepackages()}))"],
+    out = _run([python, "-c", "import json, site, sys; from importlib.metadata import "
+                "entry_points as e; print(json.dumps({'prefix': sys.prefix, "
+                "'site': site.getsitepackages(), 'provisioner': any(p.name == "
+                f"{PROVISIONER!r} for p in e(group='jupyter_client.kernel_provisioners'))}}))"],
                uid)
     found: dict[str, Any] = json.loads(out)
     return found

@@ -1,4 +1,5 @@
-"""The warm pool: per environment, a few JupyterLab servers imported ahead and not started.
+"""The warm pools: per environment, a few JupyterLab servers, and a few kernels, imported
+ahead and not started.
 
 What the admin file asks (``environments[].warm_pool``, 0 by default; ``stasis admin apply``
 and ``stasis up`` send it to the agent's ``PUT /pools``) the node agent keeps:
@@ -7,6 +8,13 @@ interpreter, each waiting for one workspace. A provision or a resume of a Jupyte
 workspace takes one (``take``) and ``servers.adopt`` hands it the workspace's launch: the
 same arguments, environment (token, home, runtime dir, markers), limits and log a cold start
 would get. What it saves is the imports, most of a JupyterLab start.
+
+The same pool, with ``module="runtime.local.prekernel"``, keeps warm kernels
+(``environments[].warm_kernels``): a JupyterLab start of the environment takes one too,
+and ``servers.hand_kernel`` makes it the workspace's, for its server's first kernel (see
+``runtime.local.prekernel``). A warm kernel starts with only the allow-list of the agent's
+environment (``KERNEL_ENV``): no credential, emulator host or project is ever in its
+process, not even in the environment block it was started with.
 
 Promises:
 
@@ -43,11 +51,14 @@ log = logging.getLogger(__name__)
 MARKER_VAR = "STASIS_WARM_INSTANCE"
 #: How long one may take over its imports (a loaded 2-core host took 25 s).
 _WARM_TIMEOUT = 120.0
+#: What a warm kernel takes from the agent's environment (the rest comes at its claim).
+KERNEL_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
+                        "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE"})
 
 
 @dataclass
 class WarmServer:
-    """One waiting interpreter."""
+    """One waiting interpreter (a server's or a kernel's)."""
 
     environment: str
     python: str
@@ -82,11 +93,15 @@ class PoolTarget:
 
 @dataclass
 class WarmPool:
-    """Warm servers by environment id (see the module's promises)."""
+    """Warm servers (or kernels) by environment id (see the module's promises)."""
 
     log_dir: Path
     base_env: Mapping[str, str]
     repo_root: Path
+    #: What each process runs: the warm server, or ``runtime.local.prekernel``.
+    module: str = "runtime.local.prewarm"
+    #: The agent's variables it keeps (None: all but Jupyter's own).
+    env_allow: frozenset[str] | None = None
     _targets: dict[str, PoolTarget] = field(default_factory=dict)
     _waiting: dict[str, list[WarmServer]] = field(default_factory=dict)
     _adopted: int = 0
@@ -194,14 +209,22 @@ class WarmPool:
         marker = uuid.uuid4().hex
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ready = self.log_dir / f"warm-{marker}.ready"
-        env = {k: v for k, v in self.base_env.items() if not k.startswith(("JPY_", "JUPYTER_"))}
+        if self.env_allow is not None:
+            env = {k: v for k, v in self.base_env.items()
+                   if k in self.env_allow or k.startswith("LC_")}
+        else:
+            env = {k: v for k, v in self.base_env.items()
+                   if not k.startswith(("JPY_", "JUPYTER_"))}
         env["PYTHONPATH"] = ":".join(p for p in (str(self.repo_root), env.get("PYTHONPATH"))
                                      if p)
         env[MARKER_VAR] = marker
         env[READY_VAR] = str(ready)
-        child = supervisor.spawn([python, "-m", "runtime.local.prewarm"],
-                                 log_path=self.log_dir / f"warm-{environment}.log", env=env,
-                                 cwd=self.log_dir, header=f"warm server for {environment}",
+        what = "kernel" if self.module.endswith("prekernel") else "server"
+        child = supervisor.spawn([python, "-m", self.module],
+                                 log_path=self.log_dir / f"warm-{what}-{environment}.log"
+                                 if what == "kernel" else self.log_dir / f"warm-{environment}.log",
+                                 env=env, cwd=self.log_dir,
+                                 header=f"warm {what} for {environment}",
                                  stdin=subprocess.PIPE)
         warm = WarmServer(environment, python, child.popen, child.create_time, marker)
         deadline = time.monotonic() + _WARM_TIMEOUT
@@ -215,8 +238,10 @@ class WarmPool:
         return warm
 
 
-def targets_of(environments: list[Mapping[str, Any]], resolve: Any) -> dict[str, PoolTarget]:
-    """The pool targets of catalog environments (``id``, ``python``, ``warm_pool``);
+def targets_of(environments: list[Mapping[str, Any]], resolve: Any,
+               field_name: str = "warm_pool") -> dict[str, PoolTarget]:
+    """The pool targets of catalog environments (``id``, ``python``, and ``field_name``:
+    ``warm_pool`` for servers, ``warm_kernels`` for kernels);
     ``resolve`` maps an environment to its interpreter (raising for one this host lacks,
     which then gets no pool)."""
     targets = {}
@@ -229,5 +254,5 @@ def targets_of(environments: list[Mapping[str, Any]], resolve: Any) -> dict[str,
         except Exception as exc:  # an interpreter this host lacks: no pool, said once
             log.warning("warm pool %s: %s", env_id, exc)
             continue
-        targets[env_id] = PoolTarget(python, max(0, int(environment.get("warm_pool") or 0)))
+        targets[env_id] = PoolTarget(python, max(0, int(environment.get(field_name) or 0)))
     return targets

@@ -43,6 +43,7 @@ from test_node_agent import (  # the agent and emulator fixtures of the node age
     provision,
     spec_for,
 )
+from test_warm_kernels import _pools, _probe, _warm_kernels
 
 from functions.adapters.local_runtime import spec_to_json
 from functions.ports import RuntimeRefused
@@ -251,6 +252,28 @@ def test_an_adopted_warm_server_runs_as_the_workspaces_user(
     ws = Workspace.of(agent)
     seen = ws.run(ws.open_notebook("warm.ipynb"), "import os\nprint(os.getuid(), os.getcwd())")
     assert seen["stdout"].split() == [str(uid), str(agent.settings.home(WS))], seen
+
+
+def test_a_claimed_warm_kernel_runs_as_the_workspaces_user_on_its_allow_list(
+    agent: Agent, emulated: Emulated, shared_python: str
+) -> None:
+    """Root's until handed over; then the workspace's uid, gid, home, and the allow-list
+    environment (no emulator host), and it is the workspace's first kernel."""
+    environment = env_of(shared_python)
+    _pools(agent, environment, kernels=1)
+    (warm,) = _warm_kernels(agent)
+    assert psutil.Process(warm).uids().real == 0  # the agent's user until handed over
+    provision(agent, emulated, environment=environment)
+    status = agent.get(f"/workspaces/{WS}").json()
+    assert status["isolated"] is True, status
+    uid = int(status["uid"])
+    assert psutil.Process(warm).uids() == (uid, uid, uid)
+    assert psutil.Process(warm).gids().real == uid
+    ws = Workspace.of(agent)
+    seen = _probe(ws, ws.open_notebook("a.ipynb"))
+    assert (seen["pid"], seen["uid"], seen["cwd"]) == (warm, uid, str(agent.settings.home(WS)))
+    assert not {"PUBSUB_EMULATOR_HOST", "STORAGE_EMULATOR_HOST", "STASIS_PROJECT"} & \
+        set(seen["env"]), seen["env"]
 
 
 def test_isolation_required_is_refused_where_a_workspace_cannot_have_its_own_user(

@@ -353,7 +353,9 @@ def test_a_resume_downloads_ahead_and_each_kernel_maps_its_own_staged_files(
 
     assert [c for c in engine.calls if c[0] == "stage_kernel"] == [
         ("stage_kernel", "k0"), ("stage_kernel", "k1")]
-    assert engine.staged == [str(directory / "k1.seg")]  # the last kernel got its own
+    # the last kernel got its own, in a directory of its own (the real files of every
+    # entry are named segment-0, segment-1, ...)
+    assert engine.staged == [str(directory / "kernel-1" / "k1.seg")]
     assert directory is not None and directory.parent == root and not directory.exists()
     assert {"kernel_ready", "staged_wait", "restore", "sessions"} <= set(outcome.phases_ms)
 

@@ -1,0 +1,206 @@
+"""A warm kernel: an interpreter that has imported ipykernel and waits to become one
+workspace's kernel.
+
+    python -m runtime.local.prekernel
+
+Most of a kernel's start is Python starting and importing ipykernel, IPython, and what a
+restore's kernel imports (the in-kernel snapshot agent, numpy); none of that depends on
+whose kernel it is. So the node agent keeps a few of these per environment beside the warm
+servers (``runtime.local.warm``, ``environments[].warm_kernels``). Each has imported that
+and blocks on one line of stdin. It has bound no port, read no connection file and no
+file of any workspace, and runs nobody's code: it has served nobody.
+
+It becomes a workspace's in two steps, each taken once:
+
+1. **Hand-over** (the agent, at that workspace's provision or resume: one line of stdin,
+   then end of stdin)::
+
+       {"log": PATH, "runtime_dir": DIR, "cwd": HOME, "env": {...},
+        "memory_bytes": N | null, "cpus": [0, 1] | null, "uid": N | null}
+
+   It sends its output to the workspace's log, applies the workspace's limits, drops to
+   the workspace's user when it has one (setgroups, setgid, setuid, as the warm server
+   does), replaces its environment, moves to the home, and then offers itself in the
+   workspace's runtime dir (0700, the workspace's): a FIFO ``stasis-warm-kernel.fifo``
+   and, written last, ``stasis-warm-kernel.json`` (its pid, interpreter, and the
+   top-level modules it has imported).
+2. **Claim** (the workspace's own jupyter-server, through the kernel provisioner
+   ``runtime.local.kernel_provisioner``, for the first kernel it starts): the provisioner
+   renames the offer away (only one rename succeeds, so it is claimed at most once) and
+   writes one JSON line into the FIFO: the kernel command, environment and cwd that
+   jupyter-server would have given a cold kernel, and the server's pid. The kernel then
+   takes that environment and cwd, makes the command's interpreter (the home's venv) its
+   ``sys.executable`` and the venv's site-packages first on its path, ends itself when the
+   server's process ends (what ipykernel's parent poller does for a cold kernel), and runs
+   ``IPKernelApp`` on the connection file the manager wrote.
+
+End of stdin before a hand-over (the agent stopped or let it go) ends it with nothing
+done; so does a FIFO closed without a claim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from runtime.local.prewarm import READY_VAR
+
+OFFER = "stasis-warm-kernel.json"
+FIFO = "stasis-warm-kernel.fifo"
+
+#: What a kernel's start imports, and what a restore's kernel imports next (the snapshot
+#: agent, and numpy where the environment has it).
+PRELOAD = (
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
+    "IPython.core.interactiveshell",
+    "jupyter_client.session",
+    "runtime.snapshot.inkernel",
+    "numpy",
+)
+
+
+def preload() -> list[str]:
+    """Import what a kernel imports; the names not installed here. Raises ImportError when
+    ipykernel itself is missing (no kernel could start from this interpreter)."""
+    import importlib
+
+    missing = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            if name.startswith("ipykernel"):
+                raise
+            missing.append(name)
+    return missing
+
+
+def imported_tops() -> list[str]:
+    """The top-level packages this process has imported from outside the standard library
+    (a home venv that shadows one of them cannot take this kernel)."""
+    std = set(sys.stdlib_module_names)
+    return sorted({name.partition(".")[0] for name in list(sys.modules)}
+                  - std - {"__main__", "runtime"})
+
+
+def hand_over(order: dict[str, Any]) -> Path:
+    """Step 1: become the workspace's (log, limits, user, env, cwd) and offer this kernel
+    in its runtime dir; the FIFO's path."""
+    from runtime.local.launch import apply_limits, become_user
+
+    log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    null = os.open(os.devnull, os.O_RDONLY)  # the agent's pipe is done with
+    os.dup2(null, 0)
+    os.close(null)
+    apply_limits(order.get("memory_bytes"), order.get("cpus"))
+    if order.get("uid") is not None:  # the workspace's own user, before its files
+        become_user(int(order["uid"]))
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.chdir(order["cwd"])
+    runtime = Path(order["runtime_dir"])
+    fifo = runtime / FIFO
+    with contextlib.suppress(FileNotFoundError):
+        fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    offer = {"pid": os.getpid(), "python": sys.executable, "fifo": str(fifo),
+             "imported": imported_tops()}
+    partial = runtime / f".{OFFER}.{os.getpid()}"
+    partial.write_text(json.dumps(offer))
+    partial.chmod(0o600)
+    os.replace(partial, runtime / OFFER)
+    return fifo
+
+
+def await_claim(fifo: Path) -> dict[str, Any] | None:
+    """Step 2: the claim the workspace's server writes into the FIFO (None: closed
+    without one)."""
+    with open(fifo, "rb") as reader:  # blocks until the provisioner opens it to write
+        line = reader.readline()
+    with contextlib.suppress(FileNotFoundError):
+        fifo.unlink()
+    if not line.strip():
+        return None
+    claim: dict[str, Any] = json.loads(line)
+    return claim
+
+
+def become_kernel(claim: dict[str, Any]) -> None:
+    """Take the kernel's environment, cwd and interpreter from the claim and run
+    IPKernelApp on its connection file (returns when the kernel ends)."""
+    argv = [str(a) for a in claim["argv"]]
+    os.environ.clear()
+    os.environ.update({k: str(v) for k, v in claim["env"].items()})
+    os.environ.pop("JPY_PARENT_PID", None)  # not its child: watched by pidfd below
+    os.chdir(claim["cwd"])
+    python = argv[0]
+    venv = Path(python).parent.parent
+    if (venv / "pyvenv.cfg").exists():
+        # Where a cold kernel's path has them: the venv's site-packages (and what their
+        # .pth files add) before the first site-packages of the environment.
+        import site
+
+        before = list(sys.path)
+        for found in sorted(venv.glob("lib/python*/site-packages")):
+            site.addsitedir(str(found))
+        added = [p for p in sys.path if p not in before]
+        at = next((i for i, p in enumerate(before)
+                   if os.path.basename(p) in ("site-packages", "dist-packages")), len(before))
+        sys.path[:] = before[:at] + added + before[at:]
+        sys.prefix = sys.exec_prefix = str(venv)
+    sys.executable = python
+    _end_with(int(claim["server_pid"]))
+    sys.argv = [python, *argv[3:]]
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(argv=argv[3:])
+
+
+def _end_with(pid: int) -> None:
+    """End this process when ``pid`` (the server whose kernel it is) ends."""
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([handle], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stasis-server-watch", daemon=True).start()
+
+
+def main() -> int:
+    # As ipykernel_launcher does: the directory it started in is not on the kernel's path.
+    if sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]
+    missing = preload()
+    print(json.dumps({"warm_kernel": True, "missing": missing}), flush=True)
+    ready = os.environ.get(READY_VAR)
+    if ready:  # the pool counts it from now on
+        with open(ready, "w") as marker:
+            marker.write(str(os.getpid()))
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    fifo = hand_over(json.loads(line))
+    claim = await_claim(fifo)
+    if claim is None:
+        return 0
+    become_kernel(claim)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
