@@ -1,10 +1,11 @@
 """First start, pause and resume on the whole local stack, with and without the warm pool.
 
-    .venv/bin/python bench/resume.py [--sizes 256M,1G] [--rounds 5] [--pools 0,1]
+    .venv/bin/python bench/resume.py [--sizes 256M,1G] [--rounds 5] [--pools 0,1,1:1]
 
 A private local stack (free ports, its own data dir, real Jupyter servers and kernels). For
 each warm-pool size (applied as the admin file's ``environments[].warm_pool`` of the
-example config) and each state size: a workspace is created (first start: request ->
+example config; ``S:K`` also keeps ``K`` warm kernels, ``environments[].warm_kernels``)
+and each state size: a workspace is created (first start: request ->
 RUNNING, and the agent's ``first_start_ms``), a kernel builds the state, then ``rounds``
 times: the state changes (every byte, so no pause is cheaper for being incremental), pause
 (request -> PAUSED), resume (request -> RUNNING **and** the variable checked in the
@@ -87,17 +88,22 @@ def _phase_summary(samples: list[dict[str, int]]) -> dict[str, float]:
 
 
 def _wait_pool(settings: Any, want: int, timeout: float = 120) -> None:
+    """Until the warm servers (at least ``want``) and the warm kernels wait, filled."""
     from stack import local
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pools = (local.warm_pools(settings) or {}).get("environments", {})
-        if all(p["waiting"] >= min(p["size"], want) for p in pools.values()):
+        seen = local.warm_pools(settings) or {}
+        pools = seen.get("environments", {})
+        kernels = (seen.get("kernels") or {}).get("environments", {})
+        if all(p["waiting"] >= min(p["size"], want) for p in pools.values()) and \
+                all(p["waiting"] >= p["size"] for p in kernels.values()):
             return
         time.sleep(0.2)
 
 
-def run_one(settings: Any, size: int, rounds: int, pool: int) -> dict[str, Any]:
+def run_one(settings: Any, size: int, rounds: int, pool: int, kernels: int = 0
+            ) -> dict[str, Any]:
     from events import (
         WorkspaceDeleteRequested,
         WorkspacePauseRequested,
@@ -106,7 +112,7 @@ def run_one(settings: Any, size: int, rounds: int, pool: int) -> dict[str, Any]:
     )
     from events.payloads import workspace_id
 
-    name = f"b{pool}-{size >> 20}m-{uuid.uuid4().hex[:4]}"
+    name = f"b{pool}k{kernels}-{size >> 20}m-{uuid.uuid4().hex[:4]}"
     ws_id = workspace_id(TEAM, name)
     _wait_pool(settings, pool)
     began = time.monotonic()
@@ -145,7 +151,7 @@ def run_one(settings: Any, size: int, rounds: int, pool: int) -> dict[str, Any]:
             raise SystemExit(f"bench: the state came back wrong: {seen}")
         del paused
     _follow(settings, WorkspaceDeleteRequested(ws_id, USER), {"DELETED"})
-    return {"warm_pool": pool, "bytes": size, "first_start": first,
+    return {"warm_pool": pool, "warm_kernels": kernels, "bytes": size, "first_start": first,
             "pause_s": summary(pauses, 2), "resume_to_variable_s": summary(resumes, 2),
             "resume_recorded_s": summary(restores, 2),
             "phases_p50_s": {kind: _phase_summary(samples) for kind, samples in phases.items()}}
@@ -167,12 +173,16 @@ def main() -> None:
     load_before = os.getloadavg()
     results = []
     with private_stack(runtime="local") as (settings, _report):
-        for pool in [int(p) for p in args.pools.split(",")]:
+        for item in args.pools.split(","):
+            head, _, tail = item.partition(":")
+            pool, kernels = int(head or 0), int(tail or 0)
             for env in config["environments"]:
-                env["warm_pool"] = pool if env["id"] == "python-3-11" else 0
+                mine = env["id"] == "python-3-11"
+                env["warm_pool"] = pool if mine else 0
+                env["warm_kernels"] = kernels if mine else 0
             admin.apply(settings, config, actor="bench")
             for size in [_size(s) for s in args.sizes.split(",")]:
-                results.append(run_one(settings, size, args.rounds, pool))
+                results.append(run_one(settings, size, args.rounds, pool, kernels))
     print(json.dumps({"runs": results, "targets": TARGETS,
                       "load_before": [round(x, 1) for x in load_before],
                       "load_after": [round(x, 1) for x in os.getloadavg()],

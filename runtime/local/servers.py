@@ -21,7 +21,9 @@ this module knows what a JupyterLab or code-server start looks like. Promises:
   collects the server's group, its descendants, and every process whose environment
   carries this start's ``STASIS_SERVER_INSTANCE`` marker (which catches kernels, their
   children, and a daemon that called setsid), sends SIGTERM to all of them and their
-  groups, waits the grace period, then SIGKILLs what is left and checks again.
+  groups, waits the grace period, then SIGKILLs what is left and checks again. A warm
+  kernel handed to the start (``hand_kernel``: the agent's child, started before the
+  marker existed) is collected by the pid and creation time recorded with the server.
 """
 
 from __future__ import annotations

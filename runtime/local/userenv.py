@@ -19,6 +19,11 @@ hardware profile, so the packages do too; another workspace has another home. Th
 (``.pth``) is written again whenever the home starts on another environment's interpreter
 (``stasis-layer.json`` records which); a start on the same one runs no subprocess.
 
+The home's kernel spec (``.venv/share/jupyter/kernels/python3``) runs the venv's
+interpreter and, where the environment's interpreter has it, names the kernel provisioner
+``stasis-warm`` (``runtime.local.kernel_provisioner``): the first kernel claims the warm
+kernel the agent handed over, if any, and every other start is jupyter's own.
+
 A workspace with a user of its own (``runtime.local.tenancy``) has its venv made by that
 user (the subprocesses run through ``runtime.local.launch --user``) and owns what this
 module writes, so its ``pip install`` can write there and nobody else's can.
