@@ -62,6 +62,18 @@ PRELOAD = (
     "ipykernel.zmqshell",
     "IPython.core.interactiveshell",
     "jupyter_client.session",
+    # What IPKernelApp's initialize imports on its own (measured: sys.modules of a started
+    # kernel less these): the debugger (the kernel spec has ``debugger: true``: debugpy),
+    # IPython's history (sqlite3), completer and inspector.
+    "ipykernel.debugger",
+    "IPython.core.debugger",
+    "IPython.core.completerlib",
+    "IPython.core.oinspect",
+    "IPython.core.logger",
+    "sqlite3",
+    "tornado.queues",
+    "psutil",
+    "runtime.local.launch",
     "runtime.snapshot.inkernel",
     "numpy",
 )
@@ -77,7 +89,7 @@ def preload() -> list[str]:
         try:
             importlib.import_module(name)
         except ImportError:
-            if name.startswith("ipykernel"):
+            if name.startswith("ipykernel.k"):
                 raise
             missing.append(name)
     return missing
@@ -136,12 +148,15 @@ def await_claim(fifo: Path) -> dict[str, Any] | None:
     return claim
 
 
-def become_kernel(claim: dict[str, Any]) -> None:
+def become_kernel(claim: dict[str, Any], imports_set: dict[str, str] | None = None) -> None:
     """Take the kernel's environment, cwd and interpreter from the claim and run
-    IPKernelApp on its connection file (returns when the kernel ends)."""
+    IPKernelApp on its connection file (returns when the kernel ends). ``imports_set``:
+    the variables the preload's imports set (ipykernel's debugger sets
+    ``PYDEVD_USE_FRAME_EVAL``), set again on top as a cold kernel's imports would."""
     argv = [str(a) for a in claim["argv"]]
     os.environ.clear()
     os.environ.update({k: str(v) for k, v in claim["env"].items()})
+    os.environ.update(imports_set or {})
     os.environ.pop("JPY_PARENT_PID", None)  # not its child: watched by pidfd below
     os.chdir(claim["cwd"])
     python = argv[0]
@@ -185,7 +200,9 @@ def main() -> int:
     # As ipykernel_launcher does: the directory it started in is not on the kernel's path.
     if sys.path and sys.path[0] == os.getcwd():
         del sys.path[0]
+    before = dict(os.environ)
     missing = preload()
+    imports_set = {k: v for k, v in os.environ.items() if before.get(k) != v}
     print(json.dumps({"warm_kernel": True, "missing": missing}), flush=True)
     ready = os.environ.get(READY_VAR)
     if ready:  # the pool counts it from now on
@@ -198,7 +215,7 @@ def main() -> int:
     claim = await_claim(fifo)
     if claim is None:
         return 0
-    become_kernel(claim)
+    become_kernel(claim, imports_set)
     return 0
 
 
