@@ -77,17 +77,24 @@ def _follow(settings: Settings, bus: PubSubBus, payload: Any, until: set[str]) -
 
 
 def _wait_warm_pool(settings: Settings, timeout: float = 120) -> None:
-    """Wait until the node agent's warm pool (the admin file's ``warm_pool``) is full, as
-    it is on a stack that has been up a while, and say what it holds."""
+    """Wait until the node agent's warm pools (the admin file's ``warm_pool`` and
+    ``warm_kernels``) are full, as they are on a stack that has been up a while, and say
+    what they hold."""
     deadline = time.monotonic() + timeout
     pools: dict[str, Any] = {}
+    kernels: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        pools = (local.warm_pools(settings) or {}).get("environments", {})
-        if all(p["waiting"] >= p["size"] for p in pools.values()):
+        seen = local.warm_pools(settings) or {}
+        pools = seen.get("environments", {})
+        kernels = (seen.get("kernels") or {}).get("environments", {})
+        if all(p["waiting"] >= p["size"] for p in (*pools.values(), *kernels.values())):
             break
         time.sleep(0.5)
-    say("warm pool: " + (", ".join(f"{env} {p['waiting']}/{p['size']} JupyterLab imported ahead"
-                                   for env, p in pools.items() if p["size"]) or "none"))
+    say("warm pool: " + (", ".join(
+        [f"{env} {p['waiting']}/{p['size']} JupyterLab imported ahead"
+         for env, p in pools.items() if p["size"]]
+        + [f"{env} {p['waiting']}/{p['size']} kernel imported ahead"
+           for env, p in kernels.items() if p["size"]]) or "none"))
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ def test_pause_releases_the_server_and_resume_brings_the_kernel_back(local_stack
     # The example admin file keeps one JupyterLab of python-3-11 imported ahead.
     pools = json.loads(stack.cli("status", "--json").stdout)["warm_pools"]
     assert pools["environments"]["python-3-11"]["size"] == 1, pools
+    assert pools["kernels"]["environments"]["python-3-11"]["size"] == 1, pools  # and a kernel
 
     out = stack.cli("ws", "pause", "story", "--team", "ml-a", "--wait")
     assert "PAUSED" in out.stdout
