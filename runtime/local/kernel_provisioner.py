@@ -110,7 +110,7 @@ def claimable(cmd: list[str], runtime_dir: Path) -> dict[str, Any] | None:
     return offer
 
 
-class WarmKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
+class WarmKernelProvisioner(LocalProvisioner):
     """``LocalProvisioner`` whose first launch claims the workspace's warm kernel."""
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
@@ -120,7 +120,7 @@ class WarmKernelProvisioner(LocalProvisioner):  # type: ignore[misc]
         if offer is not None and cmd[4] == connection_file:
             pid = self._claim(offer, cmd, runtime_dir, kwargs)  # type: ignore[arg-type]
             if pid is not None:
-                self.process = _Claimed(pid)
+                self.process = _Claimed(pid)  # type: ignore[assignment]  # a Popen in all it uses
                 self.pid = pid
                 with contextlib.suppress(OSError):
                     self.pgid = os.getpgid(pid)

@@ -35,7 +35,8 @@ It becomes a workspace's in two steps, each taken once:
    ``IPKernelApp`` on the connection file the manager wrote.
 
 End of stdin before a hand-over (the agent stopped or let it go) ends it with nothing
-done; so does a FIFO closed without a claim.
+done. Handed over and never claimed (the workspace opened no notebook), it waits until
+the workspace's server stops, which ends it.
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ def imported_tops() -> list[str]:
                   - std - {"__main__", "runtime"})
 
 
-def hand_over(order: dict[str, Any]) -> Path:
+def hand_over(order: dict[str, Any]) -> tuple[Path, int]:
     """Step 1: become the workspace's (log, limits, user, env, cwd) and offer this kernel
-    in its runtime dir; the FIFO's path."""
+    in its runtime dir; the FIFO's path and this end of it, open before the offer exists
+    (so a claim never finds the FIFO without its reader)."""
     from runtime.local.launch import apply_limits, become_user
 
     log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -126,20 +128,21 @@ def hand_over(order: dict[str, Any]) -> Path:
     with contextlib.suppress(FileNotFoundError):
         fifo.unlink()
     os.mkfifo(fifo, 0o600)
+    reader = os.open(fifo, os.O_RDWR)  # read-write: opening never blocks, nor reads EOF
     offer = {"pid": os.getpid(), "python": sys.executable, "fifo": str(fifo),
              "imported": imported_tops()}
     partial = runtime / f".{OFFER}.{os.getpid()}"
     partial.write_text(json.dumps(offer))
     partial.chmod(0o600)
     os.replace(partial, runtime / OFFER)
-    return fifo
+    return fifo, reader
 
 
-def await_claim(fifo: Path) -> dict[str, Any] | None:
-    """Step 2: the claim the workspace's server writes into the FIFO (None: closed
-    without one)."""
-    with open(fifo, "rb") as reader:  # blocks until the provisioner opens it to write
-        line = reader.readline()
+def await_claim(fifo: Path, reader: int) -> dict[str, Any] | None:
+    """Step 2: the claim the workspace's server writes into the FIFO (None: an empty
+    line)."""
+    with os.fdopen(reader, "rb") as stream:  # blocks until the provisioner writes its line
+        line = stream.readline()
     with contextlib.suppress(FileNotFoundError):
         fifo.unlink()
     if not line.strip():
@@ -211,8 +214,8 @@ def main() -> int:
     line = sys.stdin.readline()
     if not line.strip():
         return 0
-    fifo = hand_over(json.loads(line))
-    claim = await_claim(fifo)
+    fifo, reader = hand_over(json.loads(line))
+    claim = await_claim(fifo, reader)
     if claim is None:
         return 0
     become_kernel(claim, imports_set)
