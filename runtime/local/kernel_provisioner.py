@@ -89,16 +89,26 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+def _uids(pid: int) -> list[int]:
+    """The real, effective, saved and filesystem uids of ``pid`` (``/proc/<pid>/status``:
+    readable whatever the process's dumpable flag, unlike the owner of ``/proc/<pid>``,
+    which is root's after a process dropped from root)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return [int(n) for n in line.split()[1:]]
+    raise ValueError(f"no Uid line for {pid}")
+
+
 def claimable(cmd: list[str], runtime_dir: Path) -> dict[str, Any] | None:
     """The offer in ``runtime_dir`` when this kernel command may take it, else None."""
     if len(cmd) != 5 or cmd[1] != "-m" or cmd[2] not in _LAUNCHERS or cmd[3] != "-f":
         return None
     try:
         offer: dict[str, Any] = json.loads((runtime_dir / OFFER).read_text())
-        owner = os.stat(f"/proc/{int(offer['pid'])}").st_uid
+        owners = _uids(int(offer["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if owner != os.getuid() or not _alive(int(offer["pid"])):
+    if set(owners) != {os.getuid()} or not _alive(int(offer["pid"])):
         return None
     venv = Path(cmd[0]).parent.parent
     imported = set(offer.get("imported") or [])

@@ -15,24 +15,26 @@ It becomes a workspace's in two steps, each taken once:
 1. **Hand-over** (the agent, at that workspace's provision or resume: one line of stdin,
    then end of stdin)::
 
-       {"log": PATH, "runtime_dir": DIR, "cwd": HOME, "env": {...},
+       {"log": PATH, "runtime_dir": DIR, "cwd": HOME, "env": {...}, "server_pid": N,
         "memory_bytes": N | null, "cpus": [0, 1] | null, "uid": N | null}
 
    It sends its output to the workspace's log, applies the workspace's limits, drops to
    the workspace's user when it has one (setgroups, setgid, setuid, as the warm server
-   does), replaces its environment, moves to the home, and then offers itself in the
-   workspace's runtime dir (0700, the workspace's): a FIFO ``stasis-warm-kernel.fifo``
-   and, written last, ``stasis-warm-kernel.json`` (its pid, interpreter, and the
-   top-level modules it has imported).
+   does), replaces its environment, moves to the home, ends itself when the workspace's
+   server ends (a pidfd: claimed or not, it never outlives the start it was handed to),
+   and then offers itself in the workspace's runtime dir (0700, the workspace's): a FIFO
+   ``stasis-warm-kernel.fifo`` and, written last, ``stasis-warm-kernel.json`` (its pid,
+   interpreter, and the top-level modules it has imported).
 2. **Claim** (the workspace's own jupyter-server, through the kernel provisioner
    ``runtime.local.kernel_provisioner``, for the first kernel it starts): the provisioner
    renames the offer away (only one rename succeeds, so it is claimed at most once) and
    writes one JSON line into the FIFO: the kernel command, environment and cwd that
    jupyter-server would have given a cold kernel, and the server's pid. The kernel then
    takes that environment and cwd, makes the command's interpreter (the home's venv) its
-   ``sys.executable`` and the venv's site-packages first on its path, ends itself when the
-   server's process ends (what ipykernel's parent poller does for a cold kernel), and runs
-   ``IPKernelApp`` on the connection file the manager wrote.
+   ``sys.executable`` and puts the venv's site-packages where a cold kernel's path has
+   them, and runs ``IPKernelApp`` on the connection file the manager wrote. (The pidfd on
+   the server is what ipykernel's parent poller is for a cold kernel, whose parent the
+   server is; this one's parent is the agent.)
 
 End of stdin before a hand-over (the agent stopped or let it go) ends it with nothing
 done. Handed over and never claimed (the workspace opened no notebook), it waits until
@@ -123,6 +125,8 @@ def hand_over(order: dict[str, Any]) -> tuple[Path, int]:
     os.environ.clear()
     os.environ.update(order["env"])
     os.chdir(order["cwd"])
+    if order.get("server_pid"):  # a server stopped before it claimed this ends it too
+        _end_with(int(order["server_pid"]))
     runtime = Path(order["runtime_dir"])
     fifo = runtime / FIFO
     with contextlib.suppress(FileNotFoundError):
@@ -160,7 +164,7 @@ def become_kernel(claim: dict[str, Any], imports_set: dict[str, str] | None = No
     os.environ.clear()
     os.environ.update({k: str(v) for k, v in claim["env"].items()})
     os.environ.update(imports_set or {})
-    os.environ.pop("JPY_PARENT_PID", None)  # not its child: watched by pidfd below
+    os.environ.pop("JPY_PARENT_PID", None)  # not its child: watched by pidfd
     os.chdir(claim["cwd"])
     python = argv[0]
     venv = Path(python).parent.parent
@@ -178,11 +182,15 @@ def become_kernel(claim: dict[str, Any], imports_set: dict[str, str] | None = No
         sys.path[:] = before[:at] + added + before[at:]
         sys.prefix = sys.exec_prefix = str(venv)
     sys.executable = python
-    _end_with(int(claim["server_pid"]))
+    if int(claim["server_pid"]) != _watched[0]:
+        _end_with(int(claim["server_pid"]))
     sys.argv = [python, *argv[3:]]
     from ipykernel.kernelapp import IPKernelApp
 
     IPKernelApp.launch_instance(argv=argv[3:])
+
+
+_watched = [0]
 
 
 def _end_with(pid: int) -> None:
@@ -191,6 +199,7 @@ def _end_with(pid: int) -> None:
         handle = os.pidfd_open(pid)
     except OSError:
         os._exit(1)
+    _watched[0] = pid
 
     def watch() -> None:
         select.select([handle], [], [])

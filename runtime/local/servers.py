@@ -391,6 +391,7 @@ def hand_kernel(warm: WarmServer, launch: ServerLaunch, server: ServerProcess) -
         "runtime_dir": str(launch.runtime_dir),
         "cwd": str(launch.home),
         "env": env,
+        "server_pid": server.pid,
         "memory_bytes": launch.limits.memory_bytes,
         "cpus": list(launch.limits.cpus) if launch.limits.cpus else None,
         "uid": launch.uid,

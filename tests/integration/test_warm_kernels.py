@@ -11,6 +11,8 @@ allow-list environment: test_workspace_users (its data dir and interpreter).
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -176,3 +178,20 @@ def test_a_warm_kernel_is_handed_to_one_workspace_only(
     ws = Workspace.of(agent)
     seen = _probe(ws, ws.open_notebook("b.ipynb"))
     assert psutil.Process(seen["pid"]).ppid() == _server_pid(agent)  # cold, as today
+
+
+def test_a_handed_kernel_never_claimed_ends_with_its_server(
+    agent: Agent, emulated: Emulated
+) -> None:
+    """Handed over, and the server gone before any notebook opened (killed, as a crash
+    would): the kernel ends too, it never waits on for a server that cannot claim it."""
+    _pools(agent, ENV, kernels=1)
+    (warm,) = _warm_kernels(agent)
+    provision(agent, emulated, environment=ENV)
+    assert (agent.settings.runtime_dir(WS) / "stasis-warm-kernel.json").exists()  # offered
+    assert _alive(warm)
+    os.kill(_server_pid(agent), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(warm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(warm)
