@@ -109,9 +109,13 @@ def ensure(home: Path, base_python: str, uid: int | None = None) -> UserEnv:
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python 3 (ipykernel)", "language": "python", "metadata": metadata})
     kernel_json = spec_dir / "kernel.json"
-    with contextlib.suppress(OSError):
-        if kernel_json.read_text() == spec:
-            spec = ""
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads(kernel_json.read_text())
+        ours = json.loads(spec)
+        for either in (found, ours):
+            either.get("metadata", {}).pop("kernel_provisioner", None)
+        if found != ours or kernel_json.read_text() == spec:
+            spec = ""  # the same, or the user's own edit: left as it is
     if spec:
         spec_dir.mkdir(parents=True, exist_ok=True)
         kernel_json.write_text(spec)

@@ -55,3 +55,28 @@ def test_a_home_with_its_own_copy_of_a_preloaded_package_starts_cold(tmp_path: P
     assert claimable(cmd, runtime) is not None
     (site / "numpy").mkdir()
     assert claimable(cmd, runtime) is None
+
+
+def test_the_homes_kernel_spec_names_the_provisioner_and_keeps_a_users_edit(
+    tmp_path: Path,
+) -> None:
+    """This interpreter has the entry point (pyproject), so the spec names it; a spec of
+    ours from before is upgraded; one the user edited is left as it is (cold kernels)."""
+    from runtime.local import userenv
+
+    home = tmp_path / "home"
+    userenv.ensure(home, sys.executable)
+    spec = home / ".venv" / "share" / "jupyter" / "kernels" / "python3" / "kernel.json"
+    assert json.loads(spec.read_text())["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "stasis-warm"}
+    assert userenv.claims_warm_kernels(home)
+    older = json.loads(spec.read_text())
+    del older["metadata"]["kernel_provisioner"]
+    spec.write_text(json.dumps(older))
+    assert not userenv.claims_warm_kernels(home)
+    userenv.ensure(home, sys.executable)
+    assert userenv.claims_warm_kernels(home)
+    spec.write_text(json.dumps({**older, "env": {"MINE": "1"}}))
+    userenv.ensure(home, sys.executable)
+    assert json.loads(spec.read_text())["env"] == {"MINE": "1"}
+    assert not userenv.claims_warm_kernels(home)
