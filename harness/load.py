@@ -46,6 +46,9 @@ from stack import local
 TEAM = "ml-a"
 #: The null runtime's share of the workspaces (``STASIS_NULL_RUNTIME_MATCH``).
 NULL_MATCH = f"{TEAM}--load-*"
+#: How long the host is left alone before its allocations are read at the end: what is
+#: still traced then was kept, not in flight.
+QUIET_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,10 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
             if len(done) == len(sent):
                 break
         time.sleep(0.5)
-    traced = _workers_memory(settings, baseline=False) if plan.trace_memory else None
+    traced = None
+    if plan.trace_memory:  # once the fan-out (chat notices, audits) behind them is done too
+        time.sleep(QUIET_SECONDS)
+        traced = _workers_memory(settings, baseline=False)
     window_rss.append(_host_rss(settings))
     window_used.append(_used_mib())
     # By when each request was sent, counted once all had their time to land.

@@ -13,12 +13,15 @@ emulators).
 
 For finding where a worker's memory goes (``bench/load.py --trace-memory``): with
 ``STASIS_HOST_TRACEMALLOC=N`` each worker traces its allocations (N frames) and answers
-``GET /_memory`` with its pid and the allocation sites that grew most since its baseline
-(``?baseline=1`` takes one). Off by default: tracing slows every allocation.
+``GET /_memory`` with its pid and, after a full garbage collection, the allocation sites
+that grew most since its baseline (``?baseline=1`` takes one; ``?referrers=TYPE``: how
+many instances of a type live and what holds them). Off by default: tracing slows every
+allocation.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tracemalloc
@@ -46,6 +49,7 @@ class _Memory:
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         query = environ.get("QUERY_STRING", "")
+        gc.collect()  # what is traced then is kept, not garbage in a cycle not yet collected
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__)])
         if "baseline=1" in query or self.baseline is None:
@@ -57,7 +61,18 @@ class _Memory:
                 "grew": [{"kib": round(s.size_diff / 1024, 1), "count": s.count_diff,
                           "where": [f"{f.filename}:{f.lineno}" for f in s.traceback][-6:]}
                          for s in stats if s.size_diff > 0]}
+        if "referrers=" in query:  # who keeps the live instances of one type
+            body["referrers"] = _referrers(query.split("referrers=", 1)[1].split("&")[0])
         return Response(json.dumps(body), mimetype="application/json")(environ, start_response)
+
+
+def _referrers(type_name: str) -> dict[str, Any]:
+    from collections import Counter
+
+    live = [o for o in gc.get_objects() if type(o).__name__ == type_name]
+    held = Counter(type(r).__name__ for o in live[:200] for r in gc.get_referrers(o)
+                   if r is not live)
+    return {"live": len(live), "held_by": dict(held.most_common(10))}
 
 
 def create_app() -> DispatcherMiddleware:

@@ -38,6 +38,10 @@ KNOWN_ACCELERATORS = (
 )  # fmt: skip
 
 
+#: How many of its latest calls a null runtime remembers.
+CALLS_KEPT = 1000
+
+
 class NullRuntime:
     name = "null"
 
@@ -52,7 +56,9 @@ class NullRuntime:
         if state_file is not None:
             with self._db() as db:
                 db.execute("CREATE TABLE IF NOT EXISTS running (workspace_id TEXT PRIMARY KEY)")
-        self.calls: list[tuple[str, str]] = []  # (operation, workspace id)
+        #: (operation, workspace id): the latest CALLS_KEPT, for tests (the stack's function
+        #: host runs this too, under load: all of them would be memory that only grows).
+        self.calls: list[tuple[str, str]] = []
 
     @property
     def running(self) -> set[str]:
@@ -131,6 +137,8 @@ class NullRuntime:
     def _record(self, operation: str, workspace_id: str, *, running: bool | None = None) -> None:
         with self._lock:
             self.calls.append((operation, workspace_id))
+            if len(self.calls) > 2 * CALLS_KEPT:
+                del self.calls[:-CALLS_KEPT]
             if self._state_file is None:
                 if running is True:
                     self._running.add(workspace_id)

@@ -112,3 +112,15 @@ def test_a_split_runtime_routes_by_workspace_id_and_lists_each_side_once() -> No
     split.destroy("team--load-1", keep_home=False)
     assert split.status("team--load-1") is None
     assert split.capabilities() == real.capabilities()
+
+
+def test_it_remembers_only_its_latest_calls() -> None:
+    """The stack's function host runs it for the load bench: every call kept would be
+    memory that only grows (bench/load.py --trace-memory found it so)."""
+    from functions.adapters.null_runtime import CALLS_KEPT
+
+    runtime = NullRuntime(Bus())
+    for i in range(3 * CALLS_KEPT):
+        runtime.release(f"team--ws-{i}")
+    assert CALLS_KEPT <= len(runtime.calls) <= 2 * CALLS_KEPT
+    assert runtime.calls[-1] == ("release", f"team--ws-{3 * CALLS_KEPT - 1}")
