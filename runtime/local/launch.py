@@ -28,6 +28,7 @@ import argparse
 import os
 import resource
 import sys
+from typing import Any
 
 
 def apply_limits(memory_bytes: int | None, cpus: list[int] | None) -> None:
@@ -45,6 +46,22 @@ def become_user(uid: int) -> None:
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
         raise OSError(f"still uid {os.geteuid()} after dropping to {uid}")
+
+
+def take_over(order: dict[str, Any]) -> None:
+    """A warm process (``prewarm``, ``prekernel``) becomes a workspace's: its output to the
+    workspace's log, the workspace's limits, its user (before any of its files), its
+    environment and its home, as a cold start's ``exec`` would have them."""
+    log_fd = os.open(str(order["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    apply_limits(order.get("memory_bytes"), order.get("cpus"))
+    if order.get("uid") is not None:
+        become_user(int(order["uid"]))
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.chdir(str(order["cwd"]))
 
 
 def main(argv: list[str] | None = None) -> None:

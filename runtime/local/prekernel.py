@@ -110,21 +110,12 @@ def hand_over(order: dict[str, Any]) -> tuple[Path, int]:
     """Step 1: become the workspace's (log, limits, user, env, cwd) and offer this kernel
     in its runtime dir; the FIFO's path and this end of it, open before the offer exists
     (so a claim never finds the FIFO without its reader)."""
-    from runtime.local.launch import apply_limits, become_user
+    from runtime.local.launch import take_over
 
-    log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
     null = os.open(os.devnull, os.O_RDONLY)  # the agent's pipe is done with
     os.dup2(null, 0)
     os.close(null)
-    apply_limits(order.get("memory_bytes"), order.get("cpus"))
-    if order.get("uid") is not None:  # the workspace's own user, before its files
-        become_user(int(order["uid"]))
-    os.environ.clear()
-    os.environ.update(order["env"])
-    os.chdir(order["cwd"])
+    take_over(order)
     if order.get("server_pid"):  # a server stopped before it claimed this ends it too
         _end_with(int(order["server_pid"]))
     runtime = Path(order["runtime_dir"])

@@ -67,18 +67,9 @@ def preload() -> list[str]:
 
 def become(launch: dict[str, Any]) -> None:
     """Turn this process into the workspace's server (never returns normally)."""
-    from runtime.local.launch import apply_limits, become_user
+    from runtime.local.launch import take_over
 
-    log_fd = os.open(launch["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    apply_limits(launch.get("memory_bytes"), launch.get("cpus"))
-    if launch.get("uid") is not None:  # the workspace's own user, before its files
-        become_user(int(launch["uid"]))
-    os.environ.clear()
-    os.environ.update(launch["env"])
-    os.chdir(launch["cwd"])
+    take_over(launch)
     sys.argv = ["jupyter-lab", *launch["argv"]]
     from jupyterlab.labapp import LabApp
 

@@ -364,14 +364,10 @@ def adopt(warm: WarmServer, launch: ServerLaunch) -> ServerProcess:
         "cpus": list(launch.limits.cpus) if launch.limits.cpus else None,
         "uid": launch.uid,
     }
-    try:
-        assert warm.popen.stdin is not None
-        warm.popen.stdin.write(json.dumps(order).encode() + b"\n")
-        warm.popen.stdin.close()
-    except (OSError, ValueError) as exc:
-        warm.stop()
-        raise ServerStartError(f"the warm server {warm.pid} could not take the launch: {exc}"
-                               ) from exc
+    failed = _hand(warm, order)
+    if failed is not None:
+        raise ServerStartError(f"the warm server {warm.pid} could not take the launch: "
+                               f"{failed}") from failed
     return _record(launch, warm.popen, warm.create_time, offset,
                    port=port, token=token, marker=marker)
 
@@ -396,18 +392,27 @@ def hand_kernel(warm: WarmServer, launch: ServerLaunch, server: ServerProcess) -
         "cpus": list(launch.limits.cpus) if launch.limits.cpus else None,
         "uid": launch.uid,
     }
+    failed = _hand(warm, order)
+    if failed is not None:
+        log.warning("%s: the warm kernel %d could not take the hand-over: %s",
+                    launch.workspace_id, warm.pid, failed)
+        return
+    server.kernels.append([warm.pid, warm.create_time])
+    threading.Thread(target=warm.popen.wait, name=f"reap-kernel-{warm.pid}",
+                     daemon=True).start()
+
+
+def _hand(warm: WarmServer, order: dict[str, Any]) -> Exception | None:
+    """Send a warm process its one order (its stdin's only line); the error, the process
+    stopped, when it could not take it."""
     try:
         assert warm.popen.stdin is not None
         warm.popen.stdin.write(json.dumps(order).encode() + b"\n")
         warm.popen.stdin.close()
     except (OSError, ValueError) as exc:
-        log.warning("%s: the warm kernel %d could not take the hand-over: %s",
-                    launch.workspace_id, warm.pid, exc)
         warm.stop()
-        return
-    server.kernels.append([warm.pid, warm.create_time])
-    threading.Thread(target=warm.popen.wait, name=f"reap-kernel-{warm.pid}",
-                     daemon=True).start()
+        return exc
+    return None
 
 
 def _prepare(launch: ServerLaunch) -> tuple[ServerLaunch, str, str, int]:
