@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the front doors' modules are imported on their first reques
     from functions.proxy.wiring import Wiring
 
 CATALOG_TTL_SECONDS = 10.0
+#: The least time between two reads that a handler asks for (``_CatalogCache.refresh``).
+CATALOG_REFRESH_SECONDS = 1.0
 
 
 def deliver(function: str, cloud_event: Any) -> None:
@@ -86,12 +88,14 @@ def deps() -> Deps:
     db = database()
     bus = PubSubBus(project(), origin=current)  # shared by the functions one host serves
     bucket = os.environ.get("STASIS_SNAPSHOT_BUCKET", "stasis-snapshots")
+    catalogs = _CatalogCache(db)
     return Deps(
         store=FirestoreStore(db),
         bus=bus,
         runtime=runtime_for(bus),
         snapshots=SnapshotStore(db, storage_client(project()), bucket),
-        catalog=_CatalogCache(db).get,
+        catalog=catalogs.get,
+        refresh_catalog=catalogs.refresh,
         clock=lambda: datetime.now(UTC),
         snapshot_bucket=bucket,
         dead_letters=bus,
@@ -216,7 +220,12 @@ def _runtime_of(kind: str) -> Any:
 
 
 class _CatalogCache:
-    """The applied catalog (``catalog/current``), re-read at most every few seconds."""
+    """The applied catalog (``catalog/current``), re-read at most every few seconds.
+
+    ``refresh`` reads it now for a handler whose cached copy lacks what an event names
+    (``functions.handlers.deps.catalog_knowing``), but not more than once a second: a
+    stream of requests for a profile that does not exist costs one read a second.
+    """
 
     def __init__(self, db: Any) -> None:
         self.db = db
@@ -225,10 +234,16 @@ class _CatalogCache:
         self.read_at = 0.0
 
     def get(self) -> Any:
+        return self._read_if_older(CATALOG_TTL_SECONDS)
+
+    def refresh(self) -> Any:
+        return self._read_if_older(CATALOG_REFRESH_SECONDS)
+
+    def _read_if_older(self, seconds: float) -> Any:
         from functions.domain.catalog import Catalog
 
         with self.lock:
-            if self.value is None or time.monotonic() - self.read_at > CATALOG_TTL_SECONDS:
+            if self.value is None or time.monotonic() - self.read_at > seconds:
                 snap = self.db.collection("catalog").document("current").get()
                 self.value = (Catalog.from_config(snap.to_dict() or {}) if snap.exists
                               else Catalog(ides={}, environments={}, profiles={}, teams={}))
@@ -268,8 +283,10 @@ def _chat_deps(db: Any, bus: Any) -> Any:
     from functions.chatops.ports import ChatDeps
 
     store = ChatStore(db)
+    catalogs = _CatalogCache(db)
     return ChatDeps(reads=store, records=store, notifier=SlackNotifier(SlackSettings.from_env()),
-                    bus=bus, catalog=_CatalogCache(db).get, clock=lambda: datetime.now(UTC))
+                    bus=bus, catalog=catalogs.get, refresh_catalog=catalogs.refresh,
+                    clock=lambda: datetime.now(UTC))
 
 
 # --- agent links: the access proxy and the link issuer (functions/proxy) -------------------
@@ -315,7 +332,8 @@ def _portal() -> PortalDeps:
     return PortalDeps(store=FirestorePortalStore(control.store.db,
                                                  lambda: storage_client(project())),
                       bus=control.bus, runtime=control.runtime, catalog=control.catalog,
-                      clock=control.clock, links=lambda: _links().issuer, iap=iap)
+                      refresh_catalog=control.refresh_catalog, clock=control.clock,
+                      links=lambda: _links().issuer, iap=iap)
 
 
 # --- the Alertmanager webhook (functions/handlers/monitoring.py): a token and the topic ----

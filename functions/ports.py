@@ -19,6 +19,29 @@ from typing import Any, Protocol
 from events import Event
 
 
+class CatalogSource(Protocol):
+    """Where a handler or a front door gets the applied catalog (``bootstrap``'s cache)."""
+
+    @property
+    def catalog(self) -> Callable[[], Any]:
+        """The catalog as cached (re-read every few seconds)."""
+
+    @property
+    def refresh_catalog(self) -> Callable[[], Any] | None:
+        """Reads it again now (rate-limited); None where ``catalog`` is always current."""
+
+
+def catalog_knowing(source: CatalogSource, knows: Callable[[Any], bool]) -> Any:
+    """The catalog, read again once if the cached one does not ``know`` what a request
+    names (a team, a profile, a member): an admin may have applied it since the cache was
+    read, and the request must not be refused, or ignored, for the cache's age. What the
+    fresh catalog does not know either is the caller's to refuse."""
+    catalog = source.catalog()
+    if knows(catalog) or source.refresh_catalog is None:
+        return catalog
+    return source.refresh_catalog()
+
+
 class RuntimeUnavailable(RuntimeError):
     """The runtime could not be reached: a temporary failure, the event is retried."""
 

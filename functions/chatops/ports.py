@@ -97,3 +97,5 @@ class ChatDeps:
     bus: Bus
     catalog: Callable[[], Any]
     clock: Callable[[], datetime]
+    #: Reads the applied catalog again now (``functions.ports.catalog_knowing``).
+    refresh_catalog: Callable[[], Any] | None = None

@@ -72,6 +72,7 @@ from functions.domain.sandboxes import (
     request_resume,
     resolve_policy,
 )
+from functions.ports import catalog_knowing
 
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/chat"
@@ -108,7 +109,9 @@ def _answer(req: SlashRequest, deps: ChatDeps) -> dict[str, Any]:
     if isinstance(parsed, ParseError):
         raise _Reply(parsed.message)
     cmd = parsed
-    catalog: Catalog = deps.catalog()
+    catalog: Catalog = catalog_knowing(deps, lambda c: c.knows(
+        slack_user=req.user, team=cmd.team, profile=cmd.profile, ide=cmd.ide,
+        environment=cmd.environment))
     user = catalog.user_for_slack(req.user)
     if user is None:
         raise _Reply(f"I don't know you yet: Slack user `{show(req.user)}` is not mapped to a "

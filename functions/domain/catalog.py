@@ -684,6 +684,26 @@ class Catalog:
 
     # -- lookups ---------------------------------------------------------------------------
 
+    def knows(self, *, team: str | None = None, member: str | None = None,
+              slack_user: str | None = None, profile: str | None = None,
+              environment: str | None = None, ide: str | None = None) -> bool:
+        """Whether it has every one named: the team; the member (of that team, or of any);
+        the Slack user's mapping; the profile (offered to that team); the environment; the
+        IDE. A cached catalog that does not is read again before a request is refused for
+        it (``functions.ports.catalog_knowing``)."""
+        found = self.teams.get(team) if team is not None else None
+        if team is not None and found is None:
+            return False
+        scope = [found] if found is not None else list(self.teams.values())
+        return all((
+            member is None or any(t.member(member) is not None for t in scope),
+            slack_user is None or self.user_for_slack(slack_user) is not None,
+            profile is None or (profile in self.profiles
+                                and (found is None or profile in found.profiles)),
+            environment is None or environment in self.environments,
+            ide is None or ide in self.ides,
+        ))
+
     def listed_environments(self) -> tuple[Environment, ...]:
         return tuple(e for e in self.environments.values() if e.listed)
 

@@ -93,6 +93,7 @@ class Deps:
     bus: Bus
     runtime: Runtime
     snapshots: Snapshots
+    #: The applied catalog, as cached (``bootstrap``: re-read every few seconds).
     catalog: Callable[[], Any]
     clock: Callable[[], datetime]
     snapshot_bucket: str
@@ -117,3 +118,7 @@ class Deps:
     #: The event functions' handlers by consumer name (``functions.routes``, given by
     #: ``bootstrap``): where the reconciler's relay hands a pending entry's event back.
     consumers: Mapping[str, Callable[[Any, Any, str], Any]] = field(default_factory=dict)
+    #: Reads the applied catalog again now (rate-limited), for ``ports.catalog_knowing``. None:
+    #: ``catalog`` is always current (a test's fixed catalog).
+    refresh_catalog: Callable[[], Any] | None = None
+

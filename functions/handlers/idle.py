@@ -35,6 +35,7 @@ from functions.domain import idle
 from functions.domain.idle import IdleVerdict, Signals
 from functions.domain.lifecycle import State, Workspace
 from functions.handlers.deps import Deps
+from functions.ports import catalog_knowing
 
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/functions/idle"
@@ -94,7 +95,8 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> IdleVerdict | None:
     """
     payload: WorkspaceIdleDetected = event.payload
     ws = deps.store.get_workspace(payload.workspace_id)
-    profile = deps.catalog().profiles.get(ws.profile) if ws is not None else None
+    profile = (catalog_knowing(deps, lambda c: c.knows(profile=ws.profile)).profiles
+               .get(ws.profile) if ws is not None else None)
     if ws is None or profile is None:
         log.info("idle_detected for %s: no workspace or profile, ignored", payload.workspace_id)
         return None

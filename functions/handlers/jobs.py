@@ -31,7 +31,7 @@ from functions.domain.jobs import Decision, Job, finish, submit
 from functions.domain.quota import Usage
 from functions.handlers import pipeline
 from functions.handlers.deps import Deps
-from functions.ports import Subject, Tx
+from functions.ports import Subject, Tx, catalog_knowing
 
 SOURCE = "//stasis/functions/jobs"
 JOBS = "jobs"
@@ -47,7 +47,8 @@ def handle(event: Event[Any], deps: Deps, consumer: str) -> Decision | None:
 
 def _submitted(event: Event[Any], request: JobSubmitted, deps: Deps,
                now: datetime) -> pipeline.Step:
-    catalog = deps.catalog()
+    catalog = catalog_knowing(deps, lambda c: c.knows(team=request.team, member=request.owner,
+                                                      profile=request.profile))
     team = catalog.teams.get(request.team)
     # a local job's hosts run on the node: its hardware is checked, as for a workspace
     runtime = getattr(deps, "runtime", None)

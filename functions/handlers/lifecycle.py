@@ -59,7 +59,7 @@ from functions.domain.quota import Usage
 from functions.domain.rights import request_refusal
 from functions.handlers import pipeline
 from functions.handlers.deps import Deps
-from functions.ports import Subject, Tx
+from functions.ports import Subject, Tx, catalog_knowing
 
 SOURCE = "//stasis/functions/lifecycle"
 WORKSPACES = "workspaces"
@@ -75,8 +75,12 @@ def _transition(event: Event[Any], signal: Signal, deps: Deps, now: datetime) ->
     """An event or an internal signal (runtime destroyed) applied to its workspace."""
     ws_id = signal.workspace_id
     team = ws_id.split(WORKSPACE_SEPARATOR)[0]
-    catalog = deps.catalog()
     requested = signal if isinstance(signal, WorkspaceRequested) else None
+    # what the event names is checked against the applied catalog, not a stale copy of it
+    catalog = catalog_knowing(deps, lambda c: c.knows(
+        team=team, member=requested.owner if requested else None,
+        profile=getattr(signal, "profile", None), ide=requested.ide if requested else None,
+        environment=requested.environment if requested else None))
     capabilities = _capabilities(signal, deps, catalog)
     nodes = scheduling.nodes_of(capabilities, catalog.scheduling.nodes)
     cluster_queue = capabilities.get("admission")  # Kueue admits accelerators there

@@ -60,7 +60,7 @@ from functions.domain.sandboxes import (
 from functions.handlers import pipeline
 from functions.handlers.commands import sandbox_deps
 from functions.handlers.deps import Deps
-from functions.ports import Subject, Tx
+from functions.ports import Subject, Tx, catalog_knowing
 
 SOURCE = "//stasis/functions/sandboxes"
 SANDBOXES = "sandboxes"
@@ -140,7 +140,8 @@ def _step(decide: Decide) -> pipeline.StepFor:
     """The pipeline step of one sandbox event, deciding with ``decide``."""
 
     def step(event: Event[Any], payload: Any, deps: Deps, now: datetime) -> pipeline.Step:
-        catalog: Catalog = deps.catalog()
+        catalog: Catalog = catalog_knowing(
+            deps, lambda c: c.knows(team=getattr(payload, "team", None)))
         sandbox_id = payload.sandbox_id
 
         def decide_in_tx(tx: Tx) -> Decision:

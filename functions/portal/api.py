@@ -40,7 +40,7 @@ from functions.dashboard import access
 from functions.domain import frontdoor, rights
 from functions.domain.frontdoor import Door, Preview
 from functions.portal.ports import PortalDeps
-from functions.ports import RuntimeRefused, RuntimeUnavailable
+from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing
 
 SOURCE = "//stasis/cli"
 DEV_HEADER = "X-Stasis-User"
@@ -99,7 +99,10 @@ def _submit(deps: PortalDeps, user: str, body: dict[str, Any]) -> dict[str, Any]
     if verb not in VERBS or not isinstance(name, str):
         raise _Answer(400, {"refusal": f"A request takes a verb ({', '.join(VERBS)}) and a "
                                        "name."})
-    catalog, now = deps.catalog(), deps.clock()
+    now = deps.clock()
+    catalog = catalog_knowing(deps, lambda c: c.knows(
+        member=user, team=_text(body, "team"), profile=_text(body, "profile"),
+        ide=_text(body, "ide"), environment=_text(body, "environment")))
     if verb == "create" and (problem := frontdoor.name_refusal(name)):
         raise _refuse(problem)  # before the team: what was typed wrong comes first
     team = frontdoor.choose_team(catalog, user, _text(body, "team"))

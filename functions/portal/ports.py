@@ -92,3 +92,5 @@ class PortalDeps:
     #: The IAP verifier for (audience, certs URL); called only in IAP mode.
     iap: Callable[[str, str], Identity]
     environ: Callable[[], Mapping[str, str]] = field(default=lambda: os.environ)
+    #: Reads the applied catalog again now (``functions.ports.catalog_knowing``).
+    refresh_catalog: Callable[[], Any] | None = None

@@ -2,8 +2,11 @@
 driven through the `stasis` CLI and the events the node agent or cluster monitor publish.
 
 The module's stack gets a catalog with one extra profile, ``cpu-quick`` (pause after 1 s
-idle, keep the last snapshot only), applied before any function has read the catalog, so
-that idleness and retention can be shown in seconds rather than hours.
+idle, keep the last snapshot only), so that idleness and retention can be shown in seconds
+rather than hours. It is applied seconds after the stack started: a function host worker
+may hold a cached catalog without it, and reads the catalog again when an event names the
+new profile (``functions.ports.catalog_knowing``; before that, such a worker ignored the
+idle report and this module failed once in CI).
 """
 
 from __future__ import annotations

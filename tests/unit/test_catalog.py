@@ -664,3 +664,21 @@ def test_a_teams_class_wins_over_the_profiles_which_wins_over_the_default(
     bare = copy.deepcopy(example)
     del bare["scheduling"]
     assert Catalog.from_config(bare).priority_for("ml-a", "gpu-small").id == "default"
+
+
+def test_knows_says_whether_the_catalog_has_everything_a_request_names(
+        example: dict[str, Any]) -> None:
+    catalog = Catalog.from_config(example)
+    assert catalog.knows()  # nothing named
+    assert catalog.knows(team="ml-a", member="alice", slack_user="U0ALICE",
+                         profile="gpu-small", environment="python-3-11", ide="vscode")
+    assert catalog.knows(member="carol")  # a member of some team
+    assert catalog.knows(profile="tpu-v5e-8")  # a profile of the catalog, no team named
+    assert not catalog.knows(team="ml-c")
+    assert not catalog.knows(team="ml-a", member="carol")  # carol is in ml-b only
+    assert not catalog.knows(member="mallory")
+    assert not catalog.knows(slack_user="U0NOBODY")
+    assert not catalog.knows(team="ml-b", profile="tpu-v5e-8")  # not offered to ml-b
+    assert not catalog.knows(profile="cpu-huge")
+    assert not catalog.knows(environment="python-2-7")
+    assert not catalog.knows(ide="emacs")

@@ -488,6 +488,49 @@ def test_a_busy_or_unknown_workspace_is_not_paused() -> None:
     assert published(deps, "workspace.pause_requested") == []
 
 
+def _with_profile(catalog: Catalog, profile_id: str) -> Catalog:
+    """``catalog`` as an admin would apply it with one more profile, offered to ml-a."""
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    quick = {**next(p for p in config["profiles"] if p["id"] == "cpu-small"), "id": profile_id,
+             "idle_policy": {"rules": [{"idle_seconds": 1, "effect": "pause"}]}}
+    config["profiles"].append(quick)
+    next(t for t in config["teams"] if t["id"] == "ml-a")["profiles"].append(profile_id)
+    return Catalog.from_config(config)
+
+
+def test_a_profile_applied_since_the_cache_was_read_is_found_not_refused_or_ignored() -> None:
+    # One worker's cached catalog predates the admin's apply (bootstrap re-reads it every
+    # CATALOG_TTL_SECONDS): the create and the idle report name a profile only the applied
+    # catalog has. The handlers read it again instead of refusing the create or ignoring
+    # the report (the CI failure of test_upkeep_e2e: an idle report ignored for 10 s).
+    clock = Clock(NOW)
+    deps = _deps(clock=clock)
+    applied = _with_profile(CATALOG, "cpu-quick")
+    reads: list[str] = []
+    deps.refresh_catalog = lambda: reads.append("read") or applied
+    event = _event(WorkspaceRequested("ml-a", "alice", "nb", "cpu-quick"), "req-create")
+    decision = lifecycle.handle(event, deps, "on_workspace_requested")
+    assert decision is not None and decision.accepted, decision
+    assert reads == ["read"]
+    lifecycle.handle(_event(WorkspaceReady(WS, url="http://nb", runtime_handle="h"),
+                            "req-create"), deps, "on_workspace_ready")
+    clock.advance(seconds=5)
+    verdict = idle.handle(_idle_report(deps, timedelta(seconds=5)), deps, "on_idle_detected")
+    assert verdict is not None and verdict.pause, verdict
+    assert len(published(deps, "workspace.pause_requested")) == 1
+    # A request the cached catalog knows reads nothing; one the applied catalog does not
+    # know either is refused for what it names, after one read.
+    reads.clear()
+    lifecycle.handle(_event(WorkspaceRequested("ml-a", "alice", "nb2", "cpu-small")), deps,
+                     "on_workspace_requested")
+    assert reads == []
+    refused = lifecycle.handle(_event(WorkspaceRequested("ml-a", "alice", "nb3", "cpu-huge")),
+                               deps, "on_workspace_requested")
+    assert refused is not None and refused.reason == "admission_refused"
+    assert "cpu-huge" in refused.message and "cpu-quick" in refused.message  # the applied one
+    assert reads == ["read"]
+
+
 # -- the janitor --------------------------------------------------------------------------------
 
 
