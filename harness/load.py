@@ -126,6 +126,7 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
         busy.clear()
     if plan.trace_memory:
         _workers_memory(settings, baseline=True)
+    ledgered_before = _ledgered(settings)
     start = time.monotonic()
     next_window, cursor, ticks = start + plan.window, 0, 0
     window_rss: list[float] = [_host_rss(settings)]
@@ -156,6 +157,7 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
             if len(done) == len(sent):
                 break
         time.sleep(0.5)
+    ledgered = _ledgered(settings) - ledgered_before
     traced = None
     if plan.trace_memory:  # once the fan-out (chat notices, audits) behind them is done too
         time.sleep(QUIET_SECONDS)
@@ -184,6 +186,11 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
         "unfinished": unfinished, "unfinished_local": unfinished_local,
         "skipped_all_busy": skipped,
         "rate_done": round(len(latencies) / plan.seconds, 1),
+        # deliveries the ledgered handlers committed (each one event handled once); the
+        # fan-out to consumers without a ledger (chat notices, audit) comes on top
+        "ledgered_deliveries": {"count": ledgered,
+                                "per_second": round(ledgered / plan.seconds, 1),
+                                "per_request": round(ledgered / max(1, len(sent)), 2)},
         "latency_ms": summary(latencies, digits=0),
         "latency_ms_by_runtime": {kind: summary(values, digits=0)
                                   for kind, values in by_runtime.items() if values},
@@ -192,6 +199,16 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
         "windows": windows,
         **({"traced_by_worker": traced} if traced is not None else {}),
     }
+
+
+def _ledgered(settings: Any) -> int:
+    """How many deliveries the ledgered handlers have committed so far (``processed/*``)."""
+    from google.cloud import firestore
+
+    from functions.adapters.firestore_store import LEDGER
+
+    db = firestore.Client(project=settings.project)
+    return int(db.collection(LEDGER).count().get()[0][0].value)
 
 
 def _host_rss(settings: Any) -> float:

@@ -32,4 +32,7 @@ def test_sustained_requests_all_end_and_are_counted(tmp_path):
     assert [w["from_s"] for w in windows] == [0, 10, 20]
     assert sum(w["sent"] for w in report["windows"]) == report["requests"]
     assert all(w["done"] == w["sent"] > 0 for w in windows)  # sustained, all of it done
+    # a pause commits its request and its snapshot.finished, a resume its request and its
+    # workspace.ready: at least two ledgered deliveries each
+    assert report["ledgered_deliveries"]["count"] >= 2 * report["requests"]
     assert report["host_rss_mib"]["end"] > 0
