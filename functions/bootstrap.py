@@ -223,7 +223,7 @@ class _CatalogCache:
     """The applied catalog (``catalog/current``), re-read at most every few seconds.
 
     ``refresh`` reads it now for a handler whose cached copy lacks what an event names
-    (``functions.handlers.deps.catalog_knowing``), but not more than once a second: a
+    (``functions.ports.catalog_knowing``), but not more than once a second: a
     stream of requests for a profile that does not exist costs one read a second.
     """
 

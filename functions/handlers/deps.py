@@ -121,4 +121,3 @@ class Deps:
     #: Reads the applied catalog again now (rate-limited), for ``ports.catalog_knowing``. None:
     #: ``catalog`` is always current (a test's fixed catalog).
     refresh_catalog: Callable[[], Any] | None = None
-
