@@ -74,7 +74,7 @@ from functions.domain.progress import describe
 from functions.domain.retention import SnapshotRecord
 from functions.portal import session, signin, views
 from functions.portal.ports import PortalDeps
-from functions.ports import RuntimeRefused, RuntimeUnavailable
+from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing
 
 log = logging.getLogger(__name__)
 SOURCE = "//stasis/portal"
@@ -163,7 +163,12 @@ class _Ctx:
 
     @property
     def teams(self) -> tuple[Team, ...]:
-        return self.catalog.teams_of(self.user) if self.user else ()
+        if not self.user:
+            return ()
+        user = self.user
+        # a member added since this instance's copy was read is not shown "no team"
+        self.catalog = catalog_knowing(self.deps, lambda c: c.knows(member=user))
+        return self.catalog.teams_of(user)
 
 
 def handle(request: Any, deps: PortalDeps) -> Response:
@@ -260,7 +265,7 @@ def _signin_links(ctx: _Ctx) -> Response:
     if not user or not ctx.request.is_json:
         return _json({"error": "bad_request", "message": "send X-Stasis-User and a JSON "
                                                          "body"}, 400)
-    if not ctx.catalog.teams_of(user):
+    if not catalog_knowing(ctx.deps, lambda c: c.knows(member=user)).teams_of(user):
         return _json({"error": "no_team", "message": f"{user} is not a member of any team: "
                                                      "ask an admin to add you"}, 403)
     _secret(ctx.environ)
@@ -439,6 +444,9 @@ def _create(ctx: _Ctx) -> Response:
     form = ctx.request.form
     values = {k: (form.get(k) or "").strip() for k in
               ("name", "team", "ide", "environment", "profile", "requestid")}
+    ctx.catalog = catalog_knowing(ctx.deps, lambda c: c.knows(
+        member=str(ctx.user), team=values["team"] or None, profile=values["profile"] or None,
+        ide=values["ide"] or None, environment=values["environment"] or None))
     team = frontdoor.choose_team(ctx.catalog, str(ctx.user), values["team"] or None)
     if isinstance(team, str):
         return _new(ctx, status=400, values={**values, "team": ""},

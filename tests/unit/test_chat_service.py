@@ -3,6 +3,7 @@ it publishes; the bolt app in front of it (signatures, retries, any text gets a 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.parse
 from datetime import timedelta
@@ -52,6 +53,22 @@ def test_an_unknown_slack_user_is_told_whom_to_ask() -> None:
     assert "I don't know you yet" in text and "`slack_user_id: U0NOBODY`" in text
     assert "alice, or #ml-a-infra on Slack (team ml-a)" in text and "carol (team ml-b)" in text
     assert published(deps) == []
+
+
+def test_a_slack_user_mapped_since_the_cache_was_read_is_known() -> None:
+    # Chat's instance holds the catalog read before the admin mapped U0DANA (re-read every
+    # 10 s): the reply is not "I don't know you yet", and the create is published.
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    next(t for t in config["teams"] if t["id"] == "ml-b")["members"].append(
+        {"user": "dana", "role": "member", "slack_user_id": "U0DANA"})
+    applied = Catalog.from_config(config)
+    stale = chat_deps()
+    assert "I don't know you yet" in ask(stale, "create mynb", user="U0DANA")
+    deps = dataclasses.replace(chat_deps(), refresh_catalog=lambda: applied)
+    text = ask(deps, "create mynb", user="U0DANA")
+    assert "I don't know you yet" not in text
+    [event] = published(deps)
+    assert (event.payload.owner, event.payload.team) == ("dana", "ml-b")
 
 
 def test_help_needs_no_identity() -> None:

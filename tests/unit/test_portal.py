@@ -140,7 +140,8 @@ CAPS = NullRuntime(RecordingBus()).capabilities()
 class Portal:
     """The portal app over memory, and a browser-like client that keeps cookies."""
 
-    def __init__(self, catalog: Catalog, **environ: str) -> None:
+    def __init__(self, catalog: Catalog, *, applied: Catalog | None = None,
+                 **environ: str) -> None:
         self.clock = Clock(NOW)
         self.bus = RecordingBus()
         self.store = MemoryPortalStore()
@@ -153,7 +154,8 @@ class Portal:
         env = {"STASIS_IDENTITY": "dev", "STASIS_SESSION_SECRET": SECRET, **environ}
         self.deps = PortalDeps(store=self.store, bus=self.bus, runtime=NullRuntime(self.bus),
                                catalog=lambda: catalog, clock=self.clock,
-                               links=lambda: self.issuer, iap=_no_iap, environ=lambda: env)
+                               links=lambda: self.issuer, iap=_no_iap, environ=lambda: env,
+                               refresh_catalog=(lambda: applied) if applied else None)
         self.client = Client(portal_app(self.deps))
 
     def put(self, ws: Workspace) -> Workspace:
@@ -207,6 +209,30 @@ def test_signin_links_need_a_member_and_the_cli_header(catalog: Catalog) -> None
     iap = Portal(catalog, STASIS_IDENTITY="iap", STASIS_IAP_AUDIENCE="/projects/1/apps/p")
     assert iap.client.post("/signin-links", json={},
                            headers={"X-Stasis-User": "alice"}).status_code == 403
+
+
+def test_a_member_and_a_profile_applied_since_the_cache_was_read_are_not_refused(
+        catalog: Catalog) -> None:
+    # The portal's instance holds the catalog read before the admin's apply (bootstrap
+    # re-reads it every 10 s); dana and cpu-quick are in the applied one only.
+    config = yaml.safe_load((ROOT / "examples" / "stasis.yaml").read_text())
+    config["profiles"].append({**config["profiles"][0], "id": "cpu-quick"})
+    team = next(t for t in config["teams"] if t["id"] == "ml-b")
+    team["members"].append({"user": "dana", "role": "member"})
+    team["profiles"].append("cpu-quick")
+    portal = Portal(catalog, applied=Catalog.from_config(config))
+    portal.sign_in("dana")  # the sign-in link is not refused "not a member of any team"
+    assert "ml-b" in portal.client.get("/new").get_data(as_text=True)
+    fields = {"csrf": portal.csrf("/new"), "team": "ml-b", "name": "quick",
+              "ide": "jupyterlab", "environment": "python-3-11", "profile": "cpu-quick"}
+    answer = portal.client.post("/workspaces", data=fields)
+    assert answer.status_code == 303, answer.get_data(as_text=True)
+    [event] = portal.bus.events
+    assert (event.payload.owner, event.payload.profile) == ("dana", "cpu-quick")
+    # Without the re-read the same portal refuses dana.
+    stale = Portal(catalog)
+    assert stale.client.post("/signin-links", json={},
+                             headers={"X-Stasis-User": "dana"}).status_code == 403
 
 
 def test_without_a_session_secret_nothing_is_served(catalog: Catalog) -> None:
