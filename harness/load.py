@@ -39,6 +39,7 @@ from events import (
 )
 from events.payloads import workspace_id
 from functions.adapters.pubsub_bus import PubSubBus
+from functions.bootstrap import CATALOG_TTL_SECONDS
 from functions.domain.publishers import OPERATOR
 from harness.stats import summary
 from stack import local
@@ -70,7 +71,9 @@ def run(settings: Any, plan: LoadPlan, say: Callable[[str], Any] = lambda _: Non
         ) -> dict[str, Any]:
     """The report of one run on the stack of ``settings`` (already up)."""
     _raise_quota(settings, plan.workspaces + plan.local)
-    time.sleep(6)  # the functions re-read the catalog every few seconds
+    # a raised quota is a change, not a new name: it is in effect once every function
+    # instance has read the catalog again (functions.bootstrap)
+    time.sleep(CATALOG_TTL_SECONDS + 0.5)
     bus = PubSubBus(settings.project, origin=OPERATOR)
     subscriber = pubsub_v1.SubscriberClient()
     sub = subscriber.subscription_path(settings.project, f"load-{uuid.uuid4().hex[:8]}")
