@@ -11,8 +11,9 @@ workspaces pause by themselves and snapshots expire by policy without anyone typ
     GET /      {"jobs": {name: {"schedule", "next", "last": {"at", "status", "seconds",
                                                           "error"}}}}
 
-A schedule is overridden with ``STASIS_SCHEDULE_<NAME>`` (a cron expression; a sixth field
-counts seconds; empty disables the job), as ``schedule_overrides`` does in Terraform.
+A schedule is overridden with ``STASIS_SCHEDULE_<NAME>`` (a cron expression; a sixth field,
+after the day of week, counts seconds: ``* * * * * */3`` is every 3 s; empty disables
+the job), as ``schedule_overrides`` does in Terraform.
 A call that fails is logged and shown under ``last``; the next one comes on schedule
 (Cloud Scheduler retries too, but a sweep that failed is simply done again by the next one).
 Cron times are UTC.

@@ -96,7 +96,7 @@ def start_stack(tmp: Path, runtime: str, *,
                 host_env: Callable[[Settings], Mapping[str, str]] | None = None,
                 ) -> Iterator[Stack]:
     """A stack on free ports; ``scheduled``: the scheduled functions that do run, on these
-    crons (a sixth field counts seconds); ``host_env``: what to lay over the function
+    crons (a sixth field, the last, counts seconds); ``host_env``: what to lay over the function
     host's environment, given the stack's settings."""
     settings = _free_settings(tmp)
     saved = dict(os.environ)

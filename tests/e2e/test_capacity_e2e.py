@@ -15,25 +15,34 @@ maximum wait: nothing here calls it by hand).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import signal
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 import yaml
+from croniter import croniter
 from google.cloud import firestore
 
 from harness.notebook import Notebook
 from tests.e2e.conftest import ROOT, Stack, start_stack
 
-RECONCILE_EVERY = "*/3 * * * * *"  # a sixth field: seconds
+RECONCILE_EVERY = "* * * * * */3"  # croniter's sixth field, after the weekday: seconds
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    # "*/3 * * * * *" once read as every second of every third minute: two minutes
+    # without a reconcile, past the waits below (a CI failure whenever a test began late
+    # in such a minute).
+    firings = croniter(RECONCILE_EVERY, datetime(2026, 1, 1, 0, 0, 58))
+    times = [firings.get_next(datetime) for _ in range(4)]
+    assert {(b - a).total_seconds() for a, b in itertools.pairwise(times)} == {3.0}, times
     yield from start_stack(tmp_path_factory.mktemp("capacity"), "local",
                            scheduled={"reconcile": RECONCILE_EVERY})
 
