@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator, ValidationError, validators
-from jsonschema.protocols import Validator
+# jsonschema imports rfc3987_syntax when it is installed (jupyter-events asks for
+# jsonschema[format-nongpl]) only to check the "iri" and "iri-reference" formats, which
+# no schema here uses and which these validators do not check anyway (they get no format
+# checker). That import compiles a Lark grammar: 1.4 s of CPU (-X importtime, quiet
+# machine) in every process that loads this module (the `stasis` CLI, each function
+# worker, the node agent's publisher), against 0.1 s for the rest of jsonschema. Marked
+# absent before jsonschema is imported, it is skipped as jsonschema skips it where it is
+# not installed (tests/unit/test_schemas.py). Jupyter's own processes never import this.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+from jsonschema import Draft202012Validator, ValidationError, validators  # noqa: E402
+from jsonschema.protocols import Validator  # noqa: E402
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 

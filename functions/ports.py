@@ -11,6 +11,7 @@ and idempotent: calling them for a workspace that is already gone is not an erro
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -222,6 +223,13 @@ class OutboxUnsent(Exception):
     def __init__(self, key: str, cause: Exception) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.key = key
+
+
+def ledger_key(consumer: str, event: Event[Any]) -> str:
+    """The id of the ledger entry of (consumer, event type, requestid): one effect per
+    request, a retried request reusing its requestid. Whoever waits on a request reads
+    the entry's ``outcome`` under this id (``stasis_cli.client.outcome``)."""
+    return hashlib.sha256(f"{consumer}|{event.type}|{event.requestid}".encode()).hexdigest()
 
 
 class Ledger(Protocol):

@@ -240,6 +240,14 @@ FUNCTIONS = _table(
 #: The event functions, by name (a Raw one has no event).
 ROUTES: dict[str, Route | Raw] = {n: f for n, f in FUNCTIONS.items()
                                   if isinstance(f, Route | Raw)}
+
+
+def consumer_of(event_name: str) -> str:
+    """The event function that consumes ``event_name``: its ledger entry for a request
+    holds the request's verdict (``functions.ports.ledger_key``)."""
+    return next(r.function for r in ROUTES.values() if r.event == event_name)
+
+
 #: The HTTP functions, by name.
 HTTP_FUNCTIONS: dict[str, Http] = {n: f for n, f in FUNCTIONS.items() if isinstance(f, Http)}
 #: Event name -> the components that may publish it (every function's ``emits``, the

@@ -35,6 +35,8 @@ class Requested:
     requestid: str
     subject: str
     team: str
+    #: The ledger entry that will hold the verdict (``client.outcome`` reads it).
+    verdict: str | None = None
     queued: str | None = None
     notices: tuple[str, ...] = ()
 
@@ -46,7 +48,8 @@ def request(settings: Settings, user: str, body: dict[str, Any]) -> Requested:
     answer = _call(settings, user, "POST", "", {**body, "requestid": uuid.uuid4().hex})
     return Requested(id=answer["id"], type=answer["type"], name=answer["name"],
                      requestid=answer["requestid"], subject=answer["workspace_id"],
-                     team=answer["team"], queued=answer.get("queued"),
+                     team=answer["team"], verdict=answer.get("verdict"),
+                     queued=answer.get("queued"),
                      notices=tuple(answer.get("notices") or ()))
 
 

@@ -11,8 +11,6 @@ them). A new verb is its module (or a function in one) plus one line here.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from deploy.cli import bundle
@@ -59,14 +57,6 @@ main.add_command(bundle)
 
 
 def run() -> None:
-    """The console script: :func:`main`, without an import that no verb uses.
-
-    jsonschema (which ``events`` validates with) imports ``rfc3987_syntax`` whenever it is
-    installed, as jupyter-events' format extra installs it here, and that module compiles a
-    lark grammar on import: about 0.75 s of CPU on this machine, half of a `stasis ws
-    create`. It only backs the ``iri`` format checkers, and events' validators check no
-    format (they are built without a format_checker), so this process does without it.
-    Other processes (the function host, Jupyter) are left as they are.
-    """
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+    """The console script: :func:`main`. (What jsonschema would import and no verb uses,
+    ``events.schemas`` keeps out of every process that validates events.)"""
     main()

@@ -15,7 +15,6 @@ Importable from any test module (``tests/`` is on sys.path through its conftest)
 from __future__ import annotations
 
 import copy
-import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from functions.ports import (
     RuntimeStatus,
     Subject,
     WorkspaceSpec,
+    ledger_key,
 )
 from runtime.local.publisher import RecordingPublisher
 
@@ -186,11 +186,6 @@ class MemoryStore:
 
     def audit(self, entry: Mapping[str, Any]) -> None:
         self.db.put("audit", f"audit-{len(self.db.collection('audit'))}", entry)
-
-
-def ledger_key(consumer: str, event: Event[Any]) -> str:
-    """The entry of (consumer, event type, requestid), named as Firestore's is."""
-    return hashlib.sha256(f"{consumer}|{event.type}|{event.requestid}".encode()).hexdigest()
 
 
 class MemorySandboxStore:

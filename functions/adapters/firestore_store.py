@@ -35,7 +35,7 @@ from google.cloud import firestore
 
 from events import Event, from_pubsub, to_pubsub
 from functions.domain.lifecycle import State, Workspace
-from functions.ports import Committed, Entry, Pending, Subject
+from functions.ports import Committed, Entry, Pending, Subject, ledger_key
 
 LEDGER = "processed"
 LEDGER_TTL = timedelta(days=7)
@@ -195,11 +195,6 @@ class FirestoreStore:
         for collection, doc_id, data, merge in writes:
             batch.set(self.db.collection(collection).document(doc_id), data, merge=merge)
         batch.commit()
-
-
-def ledger_key(consumer: str, event: Event[Any]) -> str:
-    """One effect per (consumer, event type, request): a retried request reuses its requestid."""
-    return hashlib.sha256(f"{consumer}|{event.type}|{event.requestid}".encode()).hexdigest()
 
 
 @contextlib.contextmanager

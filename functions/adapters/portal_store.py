@@ -22,14 +22,15 @@ from google.cloud import firestore
 from events import Event
 from functions.adapters.chat_store import ChatStore
 from functions.adapters.firestore_query import declared
-from functions.adapters.firestore_store import ledger_key, workspace_from_doc
+from functions.adapters.firestore_store import workspace_from_doc
 from functions.adapters.fleet_store import FleetStore
 from functions.adapters.sandbox_results import FirestoreSandboxResults
 from functions.domain.lifecycle import State, Workspace
 from functions.portal.signin import COLLECTION as SIGNINS
 from functions.portal.signin import Verdict
+from functions.ports import ledger_key
 from functions.queries import IndexedQuery
-from functions.routes import ROUTES
+from functions.routes import consumer_of
 
 #: The queries of this store that need a composite index (``deploy/indexes.py``).
 TEAM_PAGE = IndexedQuery("workspaces", equal=("team",), order=(("created_at", "desc"),))
@@ -126,7 +127,7 @@ class FirestorePortalStore(ChatStore):
         return self._objects.read_object(uri, limit=limit, tail=tail)
 
     def handled(self, event: Event[Any]) -> bool:
-        consumer = next(r.function for r in ROUTES.values() if r.event == event.name)
+        consumer = consumer_of(event.name)
         return bool(self.db.collection("processed").document(
             ledger_key(consumer, event)).get().exists)
 

@@ -9,9 +9,11 @@ as event id and requestid, so a retried call has one effect). The handler still 
 
 - ``POST /`` ``{"verb": "create|pause|resume|delete", "name", "team"?, "profile"?, "ide"?,
   "environment"?, "keep_home"?, "device_arrays_to_cpu"?, "requestid"}``: 202 with the
-  published event (``id``, ``type``, ``requestid``, ``workspace_id``) and what the preview
-  said (``queued``, ``notices``); 400 ``{"refusal"}`` for bad input or a preview's refusal;
-  503 when the runtime or the bus did not answer.
+  published event (``id``, ``type``, ``requestid``, ``workspace_id``), the id of the
+  ledger entry that will hold its verdict (``verdict``: a follower reads it without
+  knowing the routes) and what the preview said (``queued``, ``notices``); 400
+  ``{"refusal"}`` for bad input or a preview's refusal; 503 when the runtime or the bus did
+  not answer.
 - ``GET /workspaces?team=&all=``: the workspaces of the caller's teams (one team with
   ``team``), as the CLI lists them.
 
@@ -40,7 +42,8 @@ from functions.dashboard import access
 from functions.domain import frontdoor, rights
 from functions.domain.frontdoor import Door, Preview
 from functions.portal.ports import PortalDeps
-from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing
+from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing, ledger_key
+from functions.routes import consumer_of
 
 SOURCE = "//stasis/cli"
 DEV_HEADER = "X-Stasis-User"
@@ -160,6 +163,7 @@ def _submit(deps: PortalDeps, user: str, body: dict[str, Any]) -> dict[str, Any]
                                        f"({type(exc).__name__}); nothing was changed."}) from exc
     return {"id": event.id, "type": event.type, "name": event.name,
             "requestid": event.requestid, "workspace_id": event.subject, "team": team.id,
+            "verdict": ledger_key(consumer_of(event.name), event),
             "queued": verdict.queued, "notices": list(verdict.notices)}
 
 

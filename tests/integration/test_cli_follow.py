@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from google.cloud import firestore
 
-from functions.adapters.firestore_store import ledger_key
-from functions.routes import ROUTES
+from functions.ports import ledger_key
+from functions.routes import consumer_of
 from stasis_cli import client, door
 
 
@@ -33,7 +33,7 @@ def test_a_follower_wakes_when_the_workspace_changes_not_when_its_poll_is_due(
     requested = door.Requested(id="e1", type="dev.stasis.workspace.requested",
                                name="workspace.requested", requestid="r1",
                                subject="ml-a--nb", team="ml-a")
-    consumer = next(r.function for r in ROUTES.values() if r.event == requested.name)
+    consumer = consumer_of(requested.name)
     db.collection("processed").document(ledger_key(consumer, requested)).set(  # type: ignore[arg-type]
         {"outcome": {"accepted": True}})
     doc = db.collection("workspaces").document("ml-a--nb")

@@ -225,6 +225,42 @@ def test_the_console_script_validates_events_without_rfc3987_syntax() -> None:
     assert _among(loaded, ("rfc3987_syntax", "lark")) == []
 
 
+def test_wait_reads_the_verdict_the_front_door_named_without_the_routes() -> None:
+    """`--wait` after the front door reads the ledger entry by the id the door answered:
+    neither the routes nor the event schemas are imported (0.7 s of CPU in each of ten
+    CLIs at once, bench/spawn_vs_jupyterhub.py)."""
+    loaded, printed = _loaded_after("""
+        import contextlib, threading
+        from stasis_cli import client, door
+        read = []
+        docs = {("processed", "k-verdict"): {"outcome": {"accepted": True}},
+                ("workspaces", "ml-a--nb"): {"state": "RUNNING"}}
+
+        class Snap:
+            def __init__(self, key):
+                read.append(key)
+                self.exists, self.doc = key in docs, docs.get(key)
+            def to_dict(self):
+                return self.doc
+
+        class Db:
+            def collection(self, name):
+                return type("C", (), {"document": lambda _, doc_id: type(
+                    "D", (), {"get": lambda _: Snap((name, doc_id))})()})()
+
+        client._db = lambda: Db()
+        client._watching = lambda ws_id: contextlib.nullcontext(threading.Event())
+        requested = door.Requested(id="e1", type="dev.stasis.workspace.requested",
+                                   name="workspace.requested", requestid="r1",
+                                   subject="ml-a--nb", team="ml-a", verdict="k-verdict")
+        done = client.follow(None, requested, until={"RUNNING"}, timeout=10)
+        print(done["ok"], read)
+    """)
+    assert printed.strip() == "True [('processed', 'k-verdict'), ('workspaces', 'ml-a--nb')]"
+    assert {m for m in loaded if m.split(".")[0] == "functions"} <= LIGHT_FUNCTIONS
+    assert "functions.routes" not in loaded and _among(loaded, ("events",)) == []
+
+
 def test_wait_backs_off_while_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--wait` reads the ledger, then the workspace, less often while nothing changes (ten
     followers at once are not a storm of reads), and quickly again after a change."""

@@ -25,6 +25,7 @@ from functions.domain.frontdoor import Door
 from functions.domain.lifecycle import State, decide
 from functions.portal import api
 from functions.portal.ports import PortalDeps
+from functions.ports import ledger_key
 
 CAPS = NullRuntime(RecordingBus()).capabilities()
 ML_A = CATALOG.teams["ml-a"]
@@ -183,6 +184,7 @@ def test_what_passes_is_published_once_as_the_clis_request() -> None:
     assert event.payload.profile == ML_A.profiles[0] and event.payload.owner == "alice"
     assert body == {"id": "r-create", "type": event.type, "name": "workspace.requested",
                     "requestid": "r-create", "workspace_id": "ml-a--nb", "team": "ml-a",
+                    "verdict": ledger_key("on_workspace_requested", event),
                     "queued": None, "notices": []}
 
 

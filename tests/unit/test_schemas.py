@@ -286,3 +286,33 @@ def test_patterns_still_match_what_they_should() -> None:
         "workspace_id": "ml-a--ws-2", "url": "u", "runtime_handle": "h"}) is None
     assert validate_payload("workspace.resume_requested", {
         "workspace_id": "ml-a--ws", "actor": "a", "profile": None}) is None
+
+
+def test_no_schema_asks_for_a_format_that_needs_rfc3987_syntax() -> None:
+    """events.schemas keeps rfc3987_syntax out (it only backs the iri formats): a schema
+    that asked for one would lose its check silently."""
+    formats = {m for path in SCHEMA_DIR.rglob("*.json")
+               for m in re.findall(r'"format"\s*:\s*"([^"]+)"', path.read_text())}
+    assert formats and not formats & {"iri", "iri-reference"}, formats
+
+
+def test_a_function_worker_validates_events_without_importing_rfc3987_syntax() -> None:
+    """What every function worker loads (the routes, the events) leaves rfc3987_syntax and
+    its lark grammar out, and a payload that breaks its schema is still refused."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import functions.routes
+from events.schemas import validate_payload
+print(validate_payload("workspace.requested", {"team": "ml-a", "owner": "dev",
+                                               "name": "My_NB", "profile": "cpu-small"}))
+print(sorted({m.split(".")[0] for m, v in sys.modules.items() if v} &
+             {"rfc3987_syntax", "lark", "jsonschema"}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, check=True)
+    refusal, loaded = done.stdout.splitlines()[-2:]
+    assert "/name: 'My_NB' does not match" in refusal
+    assert loaded == "['jsonschema']"
