@@ -51,7 +51,12 @@ $(CODE_SERVER)/.installed: runtime/local/vscode/package.json runtime/local/vscod
 	  npm rebuild --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# The project's own modules compiled ahead (pip compiled the venv's): these machines set
+# PYTHONDONTWRITEBYTECODE=1, so without it every process (each CLI command, function worker,
+# agent) compiled them again, 0.23 s of the function host's 0.84 s import. Incremental:
+# only what changed since is compiled; a stale file is never read (Python checks the source).
 setup: $(BIN)/stasis $(CODE_SERVER)/.installed
+	$(BIN)/python -m compileall -q -j0 events functions harness runtime stack stasis stasis_cli
 
 demo: setup
 	$(BIN)/python -m harness.demo

@@ -45,6 +45,7 @@ import psutil
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.05
+_FIRST_LOOK = 0.005
 #: After SIGKILL the kernel needs a moment to tear a JVM down; past this, something is wrong.
 KILL_WAIT = 10.0
 #: psutil reads a process's creation time from the same clock every time; a recycled pid
@@ -264,8 +265,12 @@ def signal_all(procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
 def _wait_gone(known: list[psutil.Process], collect: Callable[[], list[psutil.Process]],
                timeout: float) -> list[psutil.Process]:
     """Wait until none of ``known`` lives and ``collect()`` finds nothing new; what is
-    left at the deadline otherwise. Zombies count as gone: their parent reaps them."""
+    left at the deadline otherwise. Zombies count as gone: their parent reaps them. Looks
+    again after 5 ms, then less often up to :data:`POLL_INTERVAL`: a SIGKILLed server is
+    gone within milliseconds, and a release (a pause's last step before PAUSED) waited a
+    whole interval for it."""
     deadline = time.monotonic() + timeout
+    delay = _FIRST_LOOK
     while True:
         left = [p for p in known if is_live(p)]
         if not left:
@@ -275,7 +280,8 @@ def _wait_gone(known: list[psutil.Process], collect: Callable[[], list[psutil.Pr
             known = left
         if time.monotonic() >= deadline:
             return merge(left, collect())
-        time.sleep(POLL_INTERVAL)
+        time.sleep(delay)
+        delay = min(delay * 2, POLL_INTERVAL)
 
 
 # -- logs, ports and records --------------------------------------------------------------
