@@ -15,6 +15,8 @@ from functions.domain.lifecycle import Workspace
 from functions.portal.ports import PortalDeps
 from functions.portal.signin import Verdict
 from functions.portal.web import handle
+from functions.ports import ledger_key
+from functions.routes import consumer_of
 
 
 class MemoryPortalStore:
@@ -81,6 +83,9 @@ class MemoryPortalStore:
 
     def handled(self, event: Any) -> bool:
         return (event.type, event.requestid) in self.handled_requests
+
+    def verdict_key(self, event: Any) -> str:
+        return ledger_key(consumer_of(event.name), event)
 
     def create_signin(self, token_hash: str, doc: Mapping[str, Any]) -> None:
         assert token_hash not in self.signins

@@ -127,9 +127,11 @@ class FirestorePortalStore(ChatStore):
         return self._objects.read_object(uri, limit=limit, tail=tail)
 
     def handled(self, event: Event[Any]) -> bool:
-        consumer = consumer_of(event.name)
         return bool(self.db.collection("processed").document(
-            ledger_key(consumer, event)).get().exists)
+            self.verdict_key(event)).get().exists)
+
+    def verdict_key(self, event: Event[Any]) -> str:
+        return ledger_key(consumer_of(event.name), event)
 
     def create_signin(self, token_hash: str, doc: Mapping[str, Any]) -> None:
         self.db.collection(SIGNINS).document(token_hash).create(dict(doc))

@@ -219,8 +219,9 @@ def _permitted(current: Workspace | None, signal: Signal, origin: str,
         return None
     if isinstance(signal, WorkspaceRequested):
         actor, team_id, owner, name = signal.owner, signal.team, None, signal.name
-    elif current is None:
-        return None  # the domain says there is no such workspace
+    elif current is None or not isinstance(
+            signal, WorkspacePauseRequested | WorkspaceResumeRequested | WorkspaceDeleteRequested):
+        return None  # the domain says there is no such workspace (the rest are _VERBS')
     else:
         actor, team_id, owner, name = signal.actor, current.team, current.owner, current.name
     refusal = request_refusal(catalog.teams.get(team_id), actor, team_id=team_id,

@@ -42,8 +42,7 @@ from functions.dashboard import access
 from functions.domain import frontdoor, rights
 from functions.domain.frontdoor import Door, Preview
 from functions.portal.ports import PortalDeps
-from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing, ledger_key
-from functions.routes import consumer_of
+from functions.ports import RuntimeRefused, RuntimeUnavailable, catalog_knowing
 
 SOURCE = "//stasis/cli"
 DEV_HEADER = "X-Stasis-User"
@@ -163,7 +162,7 @@ def _submit(deps: PortalDeps, user: str, body: dict[str, Any]) -> dict[str, Any]
                                        f"({type(exc).__name__}); nothing was changed."}) from exc
     return {"id": event.id, "type": event.type, "name": event.name,
             "requestid": event.requestid, "workspace_id": event.subject, "team": team.id,
-            "verdict": ledger_key(consumer_of(event.name), event),
+            "verdict": deps.store.verdict_key(event),
             "queued": verdict.queued, "notices": list(verdict.notices)}
 
 

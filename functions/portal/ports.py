@@ -66,6 +66,11 @@ class PortalStore(Protocol):
         submit, or a refresh of its answer)."""
         ...
 
+    def verdict_key(self, event: Event[Any]) -> str:
+        """The id of the consuming function's ledger entry for this request, where whoever
+        waits on it reads the verdict (the CLI's ``--wait``)."""
+        ...
+
     def create_signin(self, token_hash: str, doc: Mapping[str, Any]) -> None: ...
 
     def consume_signin(self, token_hash: str,

@@ -84,6 +84,7 @@ def test_handled_reads_the_consumers_ledger(emulator_env: dict[str, str]) -> Non
     event = new_event(WorkspacePauseRequested(workspace_id="ml-a--ws01", actor="alice"),
                       requestid="a" * 32, id="a" * 32)
     assert store.handled(event) is False
+    assert store.verdict_key(event) == ledger_key("on_pause_requested", event)
     db.collection("processed").document(ledger_key("on_pause_requested", event)).set(
         {"status": "done"})
     assert store.handled(event) is True
