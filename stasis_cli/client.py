@@ -134,7 +134,7 @@ def snapshots(ws_id: str) -> list[dict[str, Any]]:
 def outcome(event: Request) -> dict[str, Any] | None:
     """The consuming function's verdict on ``event``, once it has been processed: read
     under the id the front door answered (``door.Requested.verdict``); for an event
-    published directly, the id is computed, which imports the routes (0.3 s of CPU a CLI
+    published directly, the id is computed, which imports the routes (0.7 s of CPU a CLI
     following through the front door does not spend)."""
     key = getattr(event, "verdict", None)
     if not key:
