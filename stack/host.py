@@ -5,7 +5,9 @@ mounted at ``/<function name>``; a push subscription per function posts to that 
 One process instead of one per function: on this 2-core machine one host starts in about
 the time one function does and uses one interpreter's memory instead of N (see
 bench/function_host.py for the numbers), and the functions stay isolated where it matters:
-each has its own app, route and dead-letter topic.
+each has its own app, route and dead-letter topic. Each worker builds its clients and
+opens its Firestore channel before it serves (``bootstrap.warm``), as an instance kept
+warm would: the first workspace after a start is not the slow one.
 
 Run: ``gunicorn -k gthread --workers 2 --threads 8 -b 127.0.0.1:PORT stack.host:app``
 (``stack.local.host_spec``; the workers are separate instances that share only the
@@ -32,6 +34,7 @@ import functions_framework
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.wrappers import Response
 
+from functions import bootstrap
 from functions.routes import HTTP_FUNCTIONS, ROUTES
 
 MAIN = Path(__file__).resolve().parent.parent / "functions" / "main.py"
@@ -82,6 +85,7 @@ def create_app() -> DispatcherMiddleware:
     mounts.update({f"/{name}": functions_framework.create_app(target=name, source=str(MAIN),
                                                                signature_type="http")
                    for name in HTTP_FUNCTIONS})
+    bootstrap.warm()  # each worker (an instance) before it serves: no cold first delivery
     frames = int(os.environ.get("STASIS_HOST_TRACEMALLOC") or 0)
     if frames:
         tracemalloc.start(frames)

@@ -189,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = AgentSettings.from_env(data_dir=args.data_dir, port=args.port, project=args.project)
-    agent = NodeAgent(settings, PubSubPublisher(
-            settings.project, origin=NODE_AGENT))
+    publisher = PubSubPublisher(settings.project, origin=NODE_AGENT)
+    agent = NodeAgent(settings, publisher)
+    # connected beside the start, so the first workspace's outcome leaves as fast as the next
+    threading.Thread(target=publisher.warm, name="publisher-warm-up", daemon=True).start()
     try:
         agent.start()
     except Exception as exc:
