@@ -22,12 +22,12 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from events import Event
-from functions.adapters.firestore_store import ledger_key
 from functions.domain.links import Link, Refused, Scope, Target
+from functions.ports import ledger_key
+from functions.routes import consumer_of
 
 COLLECTION = "links"
 PURGE_AFTER = timedelta(days=30)
-RESUME_CONSUMER = "on_resume_requested"
 
 
 def link_to_doc(link: Link) -> dict[str, Any]:
@@ -156,7 +156,7 @@ class FirestoreLinkStore:
 
     def resume_outcome(self, event: Event[Any]) -> Mapping[str, Any] | None:
         snap = self.db.collection("processed").document(
-            ledger_key(RESUME_CONSUMER, event)).get()
+            ledger_key(consumer_of(event.name), event)).get()
         if not snap.exists:
             return None
         outcome: Mapping[str, Any] | None = (snap.to_dict() or {}).get("outcome")

@@ -13,11 +13,8 @@ from typing import Any
 from google.cloud import firestore
 
 from events import Event
-from functions.adapters.firestore_store import ledger_key
-
-#: The consumers whose ledger entries hold the handler's verdicts (functions/routes.py).
-CONSUMERS = {"sandbox.requested": "on_sandbox_requested",
-             "sandbox.resume_requested": "on_sandbox_resume_requested"}
+from functions.ports import ledger_key
+from functions.routes import consumer_of
 
 
 class FirestoreSandboxResults:
@@ -40,7 +37,7 @@ class FirestoreSandboxResults:
 
     def request_outcome(self, event: Event[Any]) -> Mapping[str, Any] | None:
         snap = self.db.collection("processed").document(
-            ledger_key(CONSUMERS[event.name], event)).get()
+            ledger_key(consumer_of(event.name), event)).get()
         if not snap.exists:
             return None
         outcome: Mapping[str, Any] | None = (snap.to_dict() or {}).get("outcome")
