@@ -333,7 +333,7 @@ class RecordingSnapshots:
     def discard(self, workspace_id: str, snapshot_id: str) -> None:
         self.discarded.append((workspace_id, snapshot_id))
 
-    def discard_all(self, workspace_id: str) -> int:
+    def discard_all(self, workspace_id: str, *, by: str) -> int:
         self.discarded.append((workspace_id, "*"))
         return 0
 

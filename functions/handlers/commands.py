@@ -135,8 +135,8 @@ def _destroy(command: Destroy, ctx: Context) -> None:
     ctx.deps.runtime.destroy(ws_id, keep_home=command.keep_home)
     # Snapshots go with the workspace unless the retention policy keeps them (the janitor
     # then expires them by age, count and bytes like any other).
-    released = ctx.deps.snapshots.discard_all(ws_id) if _snapshots_go_with(ws_id, ctx.deps) \
-        else 0
+    released = ctx.deps.snapshots.discard_all(ws_id, by=ctx.event.id) \
+        if _snapshots_go_with(ws_id, ctx.deps) else 0
     ctx.apply(RuntimeDestroyed(ws_id, released), "internal-destroyed")
 
 

@@ -31,8 +31,9 @@ class Snapshots(Protocol):
         """Delete one snapshot's objects (a partial one after a failure, or an orphan)."""
         ...
 
-    def discard_all(self, workspace_id: str) -> int:
-        """Delete every snapshot of a workspace; returns the bytes released."""
+    def discard_all(self, workspace_id: str, *, by: str) -> int:
+        """Delete every snapshot of a workspace, as the event ``by`` decided; returns the
+        bytes to release (the same again for a redelivery of that event)."""
         ...
 
     def stored(self) -> list[Any]:

@@ -491,6 +491,48 @@ def test_deleting_a_workspace_keeps_its_snapshots_only_when_the_policy_says_so(
     assert h.doc("snapshots", snap)["status"] == "expired"
 
 
+def test_a_delete_redelivered_after_a_crash_between_discarding_and_releasing_releases_the_bytes(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chaos test's drift: the records were marked deleted, the function died before
+    # the transaction that releases their bytes, and the redelivery found nothing live.
+    ws = h.create("crashy")
+    h.bases = []
+    _usage(h, "ml-a", 0)
+    _pause_with_parts(h, ws.id, {"a" * 64: 36})
+    held = h.doc("teams", "ml-a")["usage"]["snapshot_bytes"]
+    assert held == 36
+    real = h.deps.snapshots.discard_all
+
+    def dies_after_discarding(workspace_id: str, *, by: str) -> int:
+        real(workspace_id, by=by)
+        monkeypatch.setattr(h.deps.snapshots, "discard_all", real)  # the next one lives
+        raise RuntimeError("killed between discarding and releasing")
+
+    monkeypatch.setattr(h.deps.snapshots, "discard_all", dies_after_discarding)
+    delete = new_event(WorkspaceDeleteRequested(workspace_id=ws.id, actor="alice"),
+                       source="//test")
+    h.bus.publish(delete)
+    with pytest.raises(Exception, match="killed between discarding and releasing"):
+        h.pump()
+    h.bus.queue.clear()
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == held  # not released yet
+
+    h.bus.publish(delete)  # Pub/Sub delivers it again
+    h.pump()
+
+    assert h.doc("workspaces", ws.id)["state"] == "DELETED"
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 0
+    assert janitor.run(h.deps, mode="report")["usage_drift"] == {}
+
+    # A workspace of the same name, deleted later, releases only its own bytes.
+    again = h.create("crashy")
+    _pause_with_parts(h, again.id, {"b" * 64: 50})
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 50
+    h.publish(WorkspaceDeleteRequested(workspace_id=again.id, actor="alice"))
+    assert h.doc("teams", "ml-a")["usage"]["snapshot_bytes"] == 0
+    assert janitor.run(h.deps, mode="report")["usage_drift"] == {}
+
+
 def test_a_deleted_workspaces_links_are_revoked_and_never_reach_its_successor(
         h: Harness) -> None:
     """The resurrected link (issue 18 §4), on Firestore: a link made for one incarnation is
